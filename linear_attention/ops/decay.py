@@ -1,0 +1,342 @@
+"""The diagonal-decay linear-attention engine.
+
+One recurrence over a matrix state ``S`` of shape ``[K, V]`` per batch row and
+head::
+
+    S_t = exp(log_decay_t) * S_{t-1} + k_t v_t^T        o_t = scale * S_t^T q_t
+
+``log_decay`` is absent (plain linear attention), a scalar per head and step
+(``[B, T, H]``: RetNet, Mamba-2) or a vector over key channels
+(``[B, T, H, K]``: GLA, HGRN2, RWKV-6). The decay multiplies the old state
+before ``k_t v_t^T`` is added, and the output is read after the update.
+
+Forms (all agree; the tests prove it):
+
+* ``parallel``: the masked ``T x T`` form, quadratic, the readable reference.
+* ``chunk``: chunkwise parallel. Inside a chunk, masked matmuls; between
+  chunks, the state is carried by a ``lax.scan``. Linear in ``T``, the default.
+* ``recurrent``: ``lax.scan`` over tokens through :func:`decay_linear_attention_step`.
+
+Numerics: every decay factor is ``exp`` of a non-positive number. Cumulative
+log decays are taken inside a chunk and differenced against a reference point
+that lies between the two positions they connect, so strong decays
+(``log_decay`` down to -20 per step) underflow to exact zeros instead of
+overflowing. Per-channel decays split a chunk into sub-chunks: pairs in
+different sub-chunks use the sub-chunk boundary as the reference (two
+matmuls), pairs in the same sub-chunk use the exact pairwise difference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from linear_attention.ops import common
+
+Array = jax.Array
+
+_SUBCHUNK = 16
+
+
+def _acc_dtype(dtype) -> jnp.dtype:
+  """float32, or wider if the inputs are (float64 keeps gradient checks precise)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def check_log_decay(log_decay: Array | None, batch: int, seq: int, heads: int, key_dim: int,
+                    name: str = "log_decay") -> None:
+  """Raises unless ``log_decay`` is None, ``[B,T,H]`` or ``[B,T,H,K]`` and, when concrete, <= 0."""
+  if log_decay is None:
+    return
+  common.check_float(name, log_decay)
+  if jnp.shape(log_decay) not in ((batch, seq, heads), (batch, seq, heads, key_dim)):
+    raise ValueError(
+        f"{name} must have shape [B, T, H] = {[batch, seq, heads]} (per head) or "
+        f"[B, T, H, K] = {[batch, seq, heads, key_dim]} (per key channel), got "
+        f"{list(jnp.shape(log_decay))}."
+    )
+  if not isinstance(log_decay, jax.core.Tracer):
+    worst = float(np.max(np.asarray(log_decay, np.float32)))
+    if worst > 0:
+      raise ValueError(
+          f"{name} must be <= 0 (a decay in log space), got a maximum of {worst}."
+      )
+
+
+def _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids):
+  b, t, h, dk, dv = common.check_qkv(q, k, v)
+  check_log_decay(log_decay, b, t, h, dk)
+  common.check_choice("form", form, common.FORMS)
+  common.check_positive_int("chunk_size", chunk_size)
+  common.check_state("initial_state", initial_state, (b, h, dk, dv))
+  common.check_segment_ids(segment_ids, b, t)
+  return b, t, h, dk, dv
+
+
+def decay_linear_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    log_decay: Array | None = None,
+    *,
+    scale: float | None = None,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+):
+  """Linear attention with a diagonal decay of the state.
+
+  ``S_t = exp(log_decay_t) * S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
+
+  Args:
+    q: ``[B, T, H, K]`` queries.
+    k: ``[B, T, H, K]`` keys.
+    v: ``[B, T, H, V]`` values.
+    log_decay: None (no decay), ``[B, T, H]`` (scalar per head and step) or
+      ``[B, T, H, K]`` (per key channel); values ``<= 0``.
+    scale: output scale; ``None`` means ``K ** -0.5``.
+    form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
+    chunk_size: chunk length of the chunk form (any ``T`` works: padded inside).
+    initial_state: optional ``[B, H, K, V]`` state before the first token.
+    return_state: also return the final state.
+    segment_ids: optional ``[B, T]`` ints packing several sequences per row; the
+      state is reset to zero where the id changes. ``initial_state`` applies to
+      the first segment of each row; the returned state is that of the last.
+
+  Returns:
+    ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``
+    with ``state`` ``[B, H, K, V]`` in float32.
+  """
+  _, t, _, dk, _ = _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids)
+  scale = common.resolve_scale(scale, dk)
+  acc = _acc_dtype(q.dtype)
+  # Work in [B, H, T, *]: heads become a batch axis of every matmul.
+  qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
+  qh = qh * scale
+  g = None if log_decay is None else jnp.swapaxes(log_decay, 1, 2).astype(acc)
+  seg = None if segment_ids is None else common.segment_index(segment_ids)
+  s0 = None if initial_state is None else initial_state.astype(acc)
+
+  if form == "recurrent":
+    o, state = _recurrent(qh, kh, vh, g, s0, seg)
+  elif form == "parallel":
+    o, state = _parallel(qh, kh, vh, g, s0, seg)
+  else:
+    o, state = _chunk(qh, kh, vh, g, s0, seg, min(chunk_size, t))
+  o = jnp.swapaxes(o, 1, 2).astype(q.dtype)
+  return (o, state) if return_state else o
+
+
+def decay_linear_attention_step(
+    q: Array,
+    k: Array,
+    v: Array,
+    state: Array,
+    log_decay: Array | None = None,
+    *,
+    scale: float | None = None,
+):
+  """One token of the recurrence: decay, add ``k v^T``, read with ``q``.
+
+  Args:
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` (float32).
+    log_decay: None, ``[B, H]`` or ``[B, H, K]``, values ``<= 0``.
+    scale: output scale; ``None`` means ``K ** -0.5``.
+
+  Returns:
+    ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
+    state ``[B, H, K, V]`` in the state's dtype.
+  """
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    common.check_rank(name, x, 3)
+  b, h, dk = q.shape
+  common.check_shape("k", k, (b, h, dk), "the shape of q")
+  common.check_shape("v", v, (b, h, None), "batch and heads of q")
+  common.check_shape("state", state, (b, h, dk, v.shape[-1]), "[B, H, K, V]")
+  if log_decay is not None and jnp.shape(log_decay) not in ((b, h), (b, h, dk)):
+    raise ValueError(
+        f"log_decay must have shape [B, H] = {[b, h]} or [B, H, K] = {[b, h, dk]}, "
+        f"got {list(jnp.shape(log_decay))}."
+    )
+  scale = common.resolve_scale(scale, dk)
+  acc = state.dtype
+  o, new_state = _step(q.astype(acc) * scale, k.astype(acc), v.astype(acc),
+                       None if log_decay is None else log_decay.astype(acc), state)
+  return o.astype(q.dtype), new_state
+
+
+def _step(q, k, v, g, state):
+  """Unchecked step on ``[B, H, *]`` arrays; ``q`` already scaled."""
+  if g is not None:
+    decay = jnp.exp(g)
+    state = state * (decay[..., None, None] if g.ndim == q.ndim - 1 else decay[..., None])
+  state = state + k[..., :, None] * v[..., None, :]
+  return jnp.einsum("bhk,bhkv->bhv", q, state), state
+
+
+def _zero_state(qh, vh):
+  b, h, _, dk = qh.shape
+  return jnp.zeros((b, h, dk, vh.shape[-1]), qh.dtype)
+
+
+def _recurrent(qh, kh, vh, g, s0, seg):
+  """Token-by-token ``lax.scan``; inputs ``[B, H, T, *]``."""
+  t = qh.shape[2]
+  state = _zero_state(qh, vh) if s0 is None else s0
+  starts = (jnp.zeros(qh.shape[:1] + (t,), bool) if seg is None
+            else jnp.concatenate([jnp.zeros_like(seg[:, :1]), jnp.diff(seg, axis=1)], 1) > 0)
+  move = lambda x: jnp.moveaxis(x, 2, 0)
+  xs = (move(qh), move(kh), move(vh), None if g is None else move(g), starts.T)
+
+  def body(s, x):
+    q_t, k_t, v_t, g_t, start = x
+    s = jnp.where(start[:, None, None, None], 0.0, s)
+    o_t, s = _step(q_t, k_t, v_t, g_t, s)
+    return s, o_t
+
+  state, o = lax.scan(body, state, xs)
+  return jnp.moveaxis(o, 0, 2), state
+
+
+def _same_segment(seg_q, seg_k):
+  """``[..., Tq, Tk]`` bool: query and key in one segment (``seg`` is monotone)."""
+  return seg_q[..., :, None] == seg_k[..., None, :]
+
+
+def _parallel(qh, kh, vh, g, s0, seg):
+  """Masked ``T x T`` form; inputs ``[B, H, T, *]``."""
+  t = qh.shape[2]
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  mask = causal if seg is None else causal & _same_segment(seg, seg)[:, None]
+  if g is None:
+    scores = jnp.einsum("bhik,bhjk->bhij", qh, kh)
+  else:
+    gc = jnp.cumsum(g, axis=2)
+    if g.ndim == 3:
+      diff = gc[..., :, None] - gc[..., None, :]
+      scores = jnp.einsum("bhik,bhjk->bhij", qh, kh) * jnp.exp(jnp.where(mask, diff, -jnp.inf))
+    else:
+      diff = gc[:, :, :, None, :] - gc[:, :, None, :, :]
+      decay = jnp.exp(jnp.where(mask[..., None], diff, -jnp.inf))
+      scores = jnp.einsum("bhik,bhjk,bhijk->bhij", qh, kh, decay)
+  scores = jnp.where(mask, scores, 0.0)
+  o = jnp.einsum("bhij,bhjv->bhiv", scores, vh)
+
+  # The final state: every key decayed to the last position, same segment only.
+  decay_to_end = 1.0 if g is None else jnp.exp(_expand(gc[:, :, -1:] - gc, kh))
+  keep = 1.0 if seg is None else (seg == seg[:, -1:])[:, None, :, None]
+  state = jnp.einsum("bhjk,bhjv->bhkv", kh * decay_to_end * keep, vh)
+  if s0 is not None:
+    first = 1.0 if seg is None else (seg == 0)[:, None, :, None]
+    q_dec = qh if g is None else qh * jnp.exp(_expand(gc, qh))
+    o = o + jnp.einsum("bhik,bhkv->bhiv", q_dec * first, s0)
+    total = 1.0 if g is None else jnp.exp(_expand(gc[:, :, -1], s0[..., 0]))[..., None]
+    carry = 1.0 if seg is None else (seg[:, -1] == 0)[:, None, None, None]
+    state = state + s0 * total * carry
+  return o, state
+
+
+def _expand(g, like):
+  """Broadcasts a scalar decay ``[..., T]`` against ``like [..., T, K]``; vectors pass."""
+  return g[..., None] if g.ndim == like.ndim - 1 else g
+
+
+def _subchunk_size(c: int) -> int:
+  """The largest divisor of the chunk length that is at most ``_SUBCHUNK``."""
+  return max(d for d in range(1, min(c, _SUBCHUNK) + 1) if c % d == 0)
+
+
+def _intra_scores_vector(q, k, gc):
+  """Causal in-chunk scores ``sum_k q_ik k_jk exp(G_ik - G_jk)`` for ``j <= i``.
+
+  Args: ``q, k, gc``: ``[..., C, K]`` with ``gc`` the in-chunk cumulative log
+  decay. Returns ``[..., C, C]`` (zero above the diagonal).
+  """
+  c, dk = q.shape[-2:]
+  s = _subchunk_size(c)
+  n = c // s
+  lead = q.shape[:-2]
+  qs, ks, gs = (x.reshape(lead + (n, s, dk)) for x in (q, k, gc))
+
+  # Pairs in different sub-chunks: reference = log decay just before sub-chunk I.
+  ref = jnp.concatenate([jnp.zeros_like(gs[..., :1, 0, :]), gs[..., :-1, -1, :]], axis=-2)
+  q_off = qs * jnp.exp(gs - ref[..., :, None, :])  # [..., n, s, K]
+  before = jnp.arange(c)[None, :] < (jnp.arange(n) * s)[:, None]  # [n, C]: j < start of I
+  k_exp = jnp.where(before[:, :, None], ref[..., :, None, :] - gc[..., None, :, :], -jnp.inf)
+  k_off = k[..., None, :, :] * jnp.exp(k_exp)  # [..., n, C, K]
+  off = jnp.einsum("...nik,...njk->...nij", q_off, k_off).reshape(lead + (c, c))
+
+  # Pairs inside one sub-chunk: exact pairwise differences, masked before exp.
+  tri = jnp.tril(jnp.ones((s, s), bool))
+  diff = jnp.where(tri[:, :, None], gs[..., :, None, :] - gs[..., None, :, :], -jnp.inf)
+  diag = jnp.einsum("...nik,...njk,...nijk->...nij", qs, ks, jnp.exp(diff))
+  eye = jnp.eye(n, dtype=diag.dtype)
+  diag = (diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(lead + (c, c))
+  return off + diag
+
+
+def _chunk(qh, kh, vh, g, s0, seg, chunk_size):
+  """Chunkwise-parallel form; inputs ``[B, H, T, *]``."""
+  b, h, t, dk = qh.shape
+  dv = vh.shape[-1]
+  c = chunk_size
+  pad = lambda x: common.pad_axis(x, c, axis=2)
+  qh, kh, vh = pad(qh), pad(kh), pad(vh)
+  n = qh.shape[2] // c
+  split = lambda x: x.reshape(x.shape[:2] + (n, c) + x.shape[3:])
+  qc, kc, vc = split(qh), split(kh), split(vh)  # [B, H, N, C, *]
+
+  causal = jnp.tril(jnp.ones((c, c), bool))
+  if seg is not None:
+    segp = common.pad_segment_ids(seg, c).reshape(b, 1, n, c)
+    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
+    mask = causal & _same_segment(segp, segp)
+    sees_state = (segp == prev_end[..., None])[..., None]  # [B,1,N,C,1]
+    to_end = (segp == segp[..., -1:])[..., None]
+    carries = (segp[..., -1] == prev_end)  # [B,1,N]
+  else:
+    mask, sees_state, to_end, carries = causal, 1.0, 1.0, None
+
+  if g is None:
+    scores = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc)
+    q_in, k_out, chunk_decay = qc, kc, None
+  else:
+    gc = jnp.cumsum(split(pad(g)), axis=3)  # in-chunk cumulative, [B,H,N,C(,K)]
+    last = gc[:, :, :, -1]
+    if g.ndim == 3:
+      diff = jnp.where(mask, gc[..., :, None] - gc[..., None, :], -jnp.inf)
+      scores = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc) * jnp.exp(diff)
+    else:
+      scores = _intra_scores_vector(qc, kc, gc)
+    q_in = qc * jnp.exp(_expand(gc, qc))
+    k_out = kc * jnp.exp(_expand(last[:, :, :, None] - gc, kc))
+    chunk_decay = jnp.exp(last)  # [B,H,N] or [B,H,N,K]
+  scores = jnp.where(mask, scores, 0.0)
+  o = jnp.einsum("bhnij,bhnjv->bhniv", scores, vc)
+
+  # Each chunk's own contribution to the state at its end, then a scan that
+  # passes the state across chunks (elementwise work only).
+  local = jnp.einsum("bhnjk,bhnjv->bhnkv", k_out * to_end, vc)
+  if chunk_decay is None:
+    chunk_decay = jnp.ones((b, h, n), qc.dtype)
+  if carries is not None:
+    chunk_decay = chunk_decay * _expand(carries, chunk_decay).astype(qc.dtype)
+  decay_kv = chunk_decay[..., None, None] if chunk_decay.ndim == 3 else chunk_decay[..., None]
+
+  def body(state, x):
+    a, loc = x
+    return a * state + loc, state
+
+  init = _zero_state(qh, vh) if s0 is None else s0
+  state, entering = lax.scan(
+      body, init, (jnp.moveaxis(decay_kv, 2, 0), jnp.moveaxis(local, 2, 0)))
+  entering = jnp.moveaxis(entering, 0, 2)  # [B,H,N,K,V]: the state before each chunk
+  o = o + jnp.einsum("bhnik,bhnkv->bhniv", q_in * sees_state, entering)
+  o = o.reshape(b, h, n * c, dv)[:, :, :t]
+  return o, state
