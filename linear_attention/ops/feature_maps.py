@@ -1,0 +1,143 @@
+"""Feature maps ``phi`` for kernelized linear attention.
+
+``phi(q) . phi(k)`` replaces ``exp(q . k)`` (random features, Performer) or is
+a positive similarity of its own (ELU+1, ReLU). Random features take a
+projection ``W [m, d]``, drawn by :func:`random_projection` from a caller's
+PRNG key, so that redrawing is the caller's decision.
+
+Softmax-kernel estimators (``x`` already multiplied by ``scale ** 0.5``):
+
+* trigonometric (Rahimi & Recht; Performer's ``sin/cos``):
+  ``phi(x) = exp(|x|^2 / 2) / sqrt(m) [cos(W x), sin(W x)]``, ``2m`` features,
+  unbiased but not positive, so normalised attention can divide by a number
+  near zero.
+* positive (Performer, FAVOR+): ``phi(x) = exp(W x - |x|^2 / 2) / sqrt(m)``.
+
+Stabilisers (used only when the output is normalised, where per-query factors
+cancel exactly): a query's features are shifted by their maximum (Performer's
+stabiliser), and the trigonometric query factor ``exp(|x|^2/2)`` is dropped.
+Key features keep their exact scale, because a factor per key would not cancel;
+a positive key feature is at most ``exp(|w_r|^2 / 2)``, about ``exp(d/2)``,
+which fits float32 for head dimensions up to about 160.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from linear_attention.ops import common
+
+Array = jax.Array
+
+DETERMINISTIC_MAPS = ("elu", "relu", "identity")
+RANDOM_MAPS = ("performer_trig", "performer_positive", "favor+")
+FEATURE_MAPS = DETERMINISTIC_MAPS + RANDOM_MAPS
+
+
+def default_num_features(dim: int) -> int:
+  """Performer's default ``m = d log d`` (at least ``d``)."""
+  return max(dim, int(dim * math.log(dim))) if dim > 1 else 1
+
+
+def random_projection(key: Array, num_features: int, dim: int, *, orthogonal: bool) -> Array:
+  """Draws a ``[num_features, dim]`` Gaussian projection.
+
+  Args:
+    key: PRNG key.
+    num_features: ``m``, the number of random features.
+    dim: ``d``, the input dimension.
+    orthogonal: if True, rows come in blocks of ``d`` exactly orthogonal
+      directions (QR of a Gaussian block), each rescaled to the norm of an
+      independent Gaussian vector, so each row is still marginally
+      ``N(0, I_d)`` (Performer's orthogonal random features).
+
+  Returns:
+    ``W`` of shape ``[num_features, dim]``, float32.
+  """
+  common.check_positive_int("num_features", num_features)
+  common.check_positive_int("dim", dim)
+  k_dir, k_norm = jax.random.split(key)
+  if not orthogonal:
+    return jax.random.normal(k_dir, (num_features, dim), jnp.float32)
+  blocks = -(-num_features // dim)
+  gauss = jax.random.normal(k_dir, (blocks, dim, dim), jnp.float32)
+  qmat, _ = jnp.linalg.qr(gauss)
+  rows = jnp.swapaxes(qmat, 1, 2).reshape(blocks * dim, dim)[:num_features]
+  norms = jnp.linalg.norm(jax.random.normal(k_norm, (num_features, dim), jnp.float32), axis=1)
+  return rows * norms[:, None]
+
+
+def elu_features(x: Array) -> Array:
+  """ELU(x) + 1 (Katharopoulos et al. 2020): positive, same width as ``x``."""
+  return jax.nn.elu(x) + 1.0
+
+
+def relu_features(x: Array) -> Array:
+  """ReLU(x): non-negative, same width as ``x``."""
+  return jax.nn.relu(x)
+
+
+def trig_features(x: Array, projection: Array, *, is_query: bool = False,
+                  stabilize: bool = False) -> Array:
+  """Random Fourier features of the softmax kernel.
+
+  Args:
+    x: ``[..., d]`` inputs (already scaled by ``scale ** 0.5``).
+    projection: ``[m, d]``.
+    is_query, stabilize: with both set, the per-query factor ``exp(|x|^2/2)``
+      is dropped (it cancels in normalised attention).
+
+  Returns:
+    ``[..., 2m]`` features.
+  """
+  m = projection.shape[0]
+  u = jnp.einsum("...d,md->...m", x, projection.astype(x.dtype))
+  feats = jnp.concatenate([jnp.cos(u), jnp.sin(u)], axis=-1) / math.sqrt(m)
+  if is_query and stabilize:
+    return feats
+  return feats * jnp.exp(0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
+
+
+def positive_features(x: Array, projection: Array, *, is_query: bool = False,
+                      stabilize: bool = False) -> Array:
+  """Positive random features of the softmax kernel (FAVOR+).
+
+  Args:
+    x: ``[..., d]`` inputs (already scaled by ``scale ** 0.5``).
+    projection: ``[m, d]``.
+    is_query, stabilize: with both set, each query's exponents are shifted by
+      their maximum (a per-query factor that cancels in normalised attention).
+
+  Returns:
+    ``[..., m]`` positive features.
+  """
+  m = projection.shape[0]
+  u = jnp.einsum("...d,md->...m", x, projection.astype(x.dtype))
+  u = u - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+  if is_query and stabilize:
+    u = u - jax.lax.stop_gradient(jnp.max(u, axis=-1, keepdims=True))
+  return jnp.exp(u) / math.sqrt(m)
+
+
+def apply_feature_map(name: str, x: Array, *, projection: Array | None = None,
+                      is_query: bool = False, stabilize: bool = False) -> Array:
+  """Applies the named feature map to ``x [..., d]``.
+
+  Random maps (``performer_trig``, ``performer_positive``, ``favor+``) need
+  ``projection [m, d]``; the output width is ``d`` for ``elu``/``relu``/
+  ``identity``, ``2m`` for ``performer_trig`` and ``m`` for the positive maps.
+  """
+  common.check_choice("feature_map", name, FEATURE_MAPS)
+  if name == "elu":
+    return elu_features(x)
+  if name == "relu":
+    return relu_features(x)
+  if name == "identity":
+    return x
+  if projection is None:
+    raise ValueError(f"feature_map={name!r} needs a projection (or a key to draw one).")
+  fn = trig_features if name == "performer_trig" else positive_features
+  return fn(x, projection, is_query=is_query, stabilize=stabilize)
