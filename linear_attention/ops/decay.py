@@ -28,7 +28,7 @@ matmuls), pairs in the same sub-chunk use the exact pairwise difference.
 
 from __future__ import annotations
 
-import math
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +114,15 @@ def decay_linear_attention(
     with ``state`` ``[B, H, K, V]`` in float32.
   """
   _, t, _, dk, _ = _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids)
-  scale = common.resolve_scale(scale, dk)
+  o, state = _forward(q, k, v, log_decay, initial_state, segment_ids,
+                      scale=common.resolve_scale(scale, dk), form=form,
+                      chunk_size=min(chunk_size, t))
+  return (o, state) if return_state else o
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "form", "chunk_size"))
+def _forward(q, k, v, log_decay, initial_state, segment_ids, *, scale, form, chunk_size):
+  """The checked entry point's body, compiled once per shape and static config."""
   acc = _acc_dtype(q.dtype)
   # Work in [B, H, T, *]: heads become a batch axis of every matmul.
   qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
@@ -128,9 +136,8 @@ def decay_linear_attention(
   elif form == "parallel":
     o, state = _parallel(qh, kh, vh, g, s0, seg)
   else:
-    o, state = _chunk(qh, kh, vh, g, s0, seg, min(chunk_size, t))
-  o = jnp.swapaxes(o, 1, 2).astype(q.dtype)
-  return (o, state) if return_state else o
+    o, state = _chunk(qh, kh, vh, g, s0, seg, chunk_size)
+  return jnp.swapaxes(o, 1, 2).astype(q.dtype), state
 
 
 def decay_linear_attention_step(
