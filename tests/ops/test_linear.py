@@ -1,0 +1,203 @@
+"""Kernelized linear attention: forms, feature maps, normaliser, random features."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linear_attention import ops
+from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, assert_tree_close, grads_of, keys, rand
+
+B, T, H, D, V = 2, 37, 3, 8, 5
+SEG = jnp.array([[0] * 10 + [1] * 20 + [2] * 7, [4] * 37])
+FORMS = ("parallel", "chunk", "recurrent")
+
+
+def quadratic(phi_q, phi_k, v, *, causal, seg=None, normalize=True, scale=1.0):
+  """Linear attention in its quadratic form: weights phi(q_i).phi(k_j) over the mask."""
+  t = phi_q.shape[1]
+  w = jnp.einsum("bihf,bjhf->bhij", phi_q, phi_k) * scale
+  mask = jnp.tril(jnp.ones((t, t), bool)) if causal else jnp.ones((t, t), bool)
+  mask = mask[None, None]
+  if seg is not None:
+    mask = mask & (seg[:, None, :, None] == seg[:, None, None, :])
+  w = jnp.where(mask, w, 0.0)
+  o = jnp.einsum("bhij,bjhv->bihv", w, v.astype(jnp.float32))
+  return o / jnp.swapaxes(w.sum(-1), 1, 2)[..., None] if normalize else o
+
+
+def elu1(x):
+  return jnp.where(x > 0, x + 1.0, jnp.exp(x))
+
+
+def inputs(t=T, seed=0, dtype=jnp.float32):
+  kq, kk, kv = keys(seed, 3)
+  return (rand(kq, (B, t, H, D), dtype, 0.5), rand(kk, (B, t, H, D), dtype, 0.5),
+          rand(kv, (B, t, H, V), dtype))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seg", [None, SEG], ids=["single", "packed"])
+@pytest.mark.parametrize("form", FORMS)
+def test_elu_matches_quadratic_form(causal, seg, form):
+  q, k, v = inputs()
+  o = ops.linear_attention(q, k, v, causal=causal, segment_ids=seg, form=form, chunk_size=16)
+  assert_close(o, quadratic(elu1(q), elu1(k), v, causal=causal, seg=seg), 1e-4, 1e-5)
+
+
+def test_relu_unnormalized_scale():
+  q, k, v = inputs()
+  o = ops.linear_attention(q, k, v, feature_map="relu", normalize=False, scale=0.3)
+  want = quadratic(jnp.maximum(q, 0), jnp.maximum(k, 0), v, causal=True, normalize=False, scale=0.3)
+  assert_close(o, want, 1e-4, 1e-5)
+
+
+def test_random_features_match_their_definition():
+  """Without normalisation (no stabiliser) the features are exactly the paper's."""
+  q, k, v = inputs()
+  key = jax.random.PRNGKey(7)
+  m, scale = 32, D**-0.5
+  for name, orth in (("performer_positive", False), ("favor+", True), ("performer_trig", False)):
+    w = ops.random_projection(key, m, D, orthogonal=orth)
+    xq, xk = q * scale**0.5, k * scale**0.5
+    if name == "performer_trig":
+      phi = lambda x: jnp.exp(0.5 * jnp.sum(x * x, -1, keepdims=True)) * jnp.concatenate(
+          [jnp.cos(x @ w.T), jnp.sin(x @ w.T)], -1) / math.sqrt(m)
+    else:
+      phi = lambda x: jnp.exp(x @ w.T - 0.5 * jnp.sum(x * x, -1, keepdims=True)) / math.sqrt(m)
+    o = ops.linear_attention(q, k, v, feature_map=name, key=key, num_features=m, normalize=False)
+    assert_close(o, quadratic(phi(xq), phi(xk), v, causal=True, normalize=False), 1e-4, 1e-4)
+    # Normalised, the query stabiliser cancels: same as the quadratic form.
+    o = ops.linear_attention(q, k, v, feature_map=name, projection=w)
+    assert_close(o, quadratic(phi(xq), phi(xk), v, causal=True), 1e-3, 1e-4)
+
+
+def test_orthogonal_projection():
+  w = ops.random_projection(jax.random.PRNGKey(0), 20, 8, orthogonal=True)
+  assert w.shape == (20, 8)
+  block = w[:8] / jnp.linalg.norm(w[:8], axis=1, keepdims=True)
+  assert_close(block @ block.T, jnp.eye(8), 1e-5, 1e-5)
+
+
+def test_same_key_same_features_other_key_other_features():
+  q, k, v = inputs()
+  f = lambda key: ops.linear_attention(q, k, v, feature_map="favor+", key=key, num_features=16)
+  a, b = f(jax.random.PRNGKey(1)), f(jax.random.PRNGKey(1))
+  c = f(jax.random.PRNGKey(2))
+  assert_close(a, b, 0, 0)
+  assert float(jnp.max(jnp.abs(a - c))) > 1e-3
+
+
+def test_many_random_features_approach_softmax():
+  """MSE to exact softmax attention falls with m and beats ELU+1 (fixed key: deterministic)."""
+  kq, kk, kv = keys(11, 3)
+  t, d = 128, 16
+  q, k = rand(kq, (1, t, 1, d), scale=0.5), rand(kk, (1, t, 1, d), scale=0.5)
+  v = rand(kv, (1, t, 1, 4))
+  logits = jnp.einsum("bihd,bjhd->bhij", q, k) * d**-0.5
+  logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, -jnp.inf)
+  exact = jnp.einsum("bhij,bjhv->bihv", jax.nn.softmax(logits, -1), v)
+  mse = lambda o: float(jnp.mean((o - exact) ** 2))
+  elu_err = mse(ops.linear_attention(q, k, v))
+  for name in ("favor+", "performer_trig"):
+    errs = [mse(ops.linear_attention(q, k, v, feature_map=name, key=jax.random.PRNGKey(0),
+                                     num_features=m)) for m in (8, 4096)]
+    assert errs[1] < errs[0] / 20, (name, errs)
+    assert errs[1] < elu_err / 5, (name, errs, elu_err)
+    assert errs[1] < 2e-4, (name, errs)
+
+
+@pytest.mark.parametrize("name", ["relu", "favor+"])
+def test_underflowing_denominator_stays_finite(name):
+  """All-zero features (ReLU of negative inputs; FAVOR+ keys far from every
+  projection direction) make the denominator 0: the eps floor keeps the
+  output and its gradient finite."""
+  q, k, v = inputs()
+  if name == "relu":
+    q, k = -jnp.abs(q) - 1.0, -jnp.abs(k) - 1.0
+  else:
+    k = k + 60.0  # exp(w.k - |k|^2/2) underflows to exactly 0.0 in float32
+  f = lambda q: ops.linear_attention(q, k, v, feature_map=name, key=jax.random.PRNGKey(0),
+                                     num_features=16)
+  o = f(q)
+  assert_close(o, jnp.zeros_like(o), 0, 1e-6)
+  g = jax.grad(lambda q: jnp.sum(f(q)))(q)
+  assert np.all(np.isfinite(np.asarray(g)))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_gradients_match_quadratic_form(causal):
+  q, k, v = inputs()
+  s0 = jnp.abs(rand(jax.random.PRNGKey(5), (B, H, D, V + 1)))
+  want = grads_of(lambda q, k, v: quadratic(elu1(q), elu1(k), v, causal=causal, seg=SEG),
+                  (q, k, v), (0, 1, 2))
+  for form in FORMS:
+    got = grads_of(lambda q, k, v: ops.linear_attention(
+        q, k, v, causal=causal, form=form, chunk_size=16, segment_ids=SEG), (q, k, v), (0, 1, 2))
+    assert_tree_close(got, want, 1e-3, 1e-4)
+  # The initial state's gradient agrees across forms.
+  gs = [jax.grad(lambda s: jnp.sum(jnp.sin(ops.linear_attention(
+      q, k, v, causal=causal, form=form, chunk_size=16, initial_state=s))))(s0) for form in FORMS]
+  assert_tree_close(gs[1:], [gs[0]] * 2, 1e-4, 1e-5)
+  assert float(jnp.max(jnp.abs(gs[0]))) > 0
+
+
+@pytest.mark.parametrize("name", ["elu", "favor+", "performer_trig"])
+def test_step_decoding_matches_full(name):
+  q, k, v = inputs(t=9)
+  w = ops.random_projection(jax.random.PRNGKey(3), 16, D, orthogonal=True)
+  kw = dict(feature_map=name, projection=None if name == "elu" else w)
+  o, state = ops.linear_attention(q[:, :4], k[:, :4], v[:, :4], return_state=True, **kw)
+  outs = [o]
+  for t in range(4, 9):
+    o_t, state = ops.linear_attention_step(q[:, t], k[:, t], v[:, t], state, **kw)
+    outs.append(o_t[:, None])
+  full, final = ops.linear_attention(q, k, v, return_state=True, **kw)
+  assert_close(jnp.concatenate(outs, 1), full, 1e-4, 1e-5)
+  assert_close(state, final, 1e-4, 1e-5)
+
+
+def test_bfloat16_inputs():
+  q, k, v = inputs(dtype=jnp.bfloat16)
+  want = quadratic(elu1(q.astype(jnp.float32)), elu1(k.astype(jnp.float32)), v, causal=True,
+                   seg=SEG)
+  for form in FORMS:
+    o, s = ops.linear_attention(q, k, v, form=form, chunk_size=16, segment_ids=SEG,
+                                return_state=True)
+    assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
+    assert_close(o, want, BF16_RTOL, BF16_ATOL)
+
+
+def test_jit_vmap_grad():
+  q, k, v = inputs()
+  key = jax.random.PRNGKey(0)
+  f = lambda q, k, v: ops.linear_attention(q, k, v, feature_map="favor+", key=key,
+                                           num_features=16, causal=False)
+  assert_close(jax.jit(f)(q, k, v), f(q, k, v), 1e-5, 1e-6)
+  vm = jax.vmap(f)(q[None], k[None], v[None])
+  assert_close(vm[0], f(q, k, v), 1e-5, 1e-6)
+  g = jax.jit(jax.grad(lambda q: jnp.sum(f(q, k, v))))(q)
+  assert np.all(np.isfinite(np.asarray(g))) and float(jnp.max(jnp.abs(g))) > 0
+
+
+def test_bad_inputs():
+  q, k, v = inputs()
+  f = ops.linear_attention
+  with pytest.raises(ValueError, match=r"feature_map must be one of \['elu', 'relu'"):
+    f(q, k, v, feature_map="cosine")
+  with pytest.raises(ValueError, match="pass key="):
+    f(q, k, v, feature_map="favor+")
+  with pytest.raises(ValueError, match="projection must have shape"):
+    f(q, k, v, feature_map="favor+", projection=jnp.ones((4, D + 1)))
+  with pytest.raises(ValueError, match="initial_state must have shape"):
+    f(q, k, v, initial_state=jnp.zeros((B, H, D, V)))
+  with pytest.raises(ValueError, match="v must have shape"):
+    f(q, k, v[:, :3])
+  with pytest.raises(ValueError, match="num_features must be an integer >= 1"):
+    f(q, k, v, feature_map="favor+", key=jax.random.PRNGKey(0), num_features=0)
+  with pytest.raises(ValueError, match="segment_ids must have shape"):
+    f(q, k, v, segment_ids=SEG[:1])
