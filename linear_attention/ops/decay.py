@@ -271,18 +271,24 @@ def _intra_scores_vector(q, k, gc):
   lead = q.shape[:-2]
   qs, ks, gs = (x.reshape(lead + (n, s, dk)) for x in (q, k, gc))
 
-  # Pairs in different sub-chunks: reference = log decay just before sub-chunk I.
-  ref = jnp.concatenate([jnp.zeros_like(gs[..., :1, 0, :]), gs[..., :-1, -1, :]], axis=-2)
-  q_off = qs * jnp.exp(gs - ref[..., :, None, :])  # [..., n, s, K]
-  before = jnp.arange(c)[None, :] < (jnp.arange(n) * s)[:, None]  # [n, C]: j < start of I
-  k_exp = jnp.where(before[:, :, None], ref[..., :, None, :] - gc[..., None, :, :], -jnp.inf)
-  k_off = k[..., None, :, :] * jnp.exp(k_exp)  # [..., n, C, K]
-  off = jnp.einsum("...nik,...njk->...nij", q_off, k_off).reshape(lead + (c, c))
+  # Pairs in different sub-chunks I > J factor through the sub-chunk edges:
+  # exp(G_i - G_j) = exp(G_i - R_I) exp(R_I - E_J) exp(E_J - G_j), where R_I
+  # is the log decay just before sub-chunk I and E_J that at the end of J.
+  # All three exponents are <= 0 because R_I comes at or after E_J.
+  ends = gs[..., -1, :]  # [..., n, K]
+  ref = jnp.concatenate([jnp.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], axis=-2)
+  q_off = qs * jnp.exp(gs - ref[..., :, None, :])
+  k_off = ks * jnp.exp(ends[..., :, None, :] - gs)
+  below = jnp.tril(jnp.ones((n, n), bool), -1)
+  bridge = jnp.exp(jnp.where(below[:, :, None], ref[..., :, None, :] - ends[..., None, :, :],
+                             -jnp.inf))  # [..., I, J, K]
+  q_bridged = q_off[..., :, None, :, :] * bridge[..., :, :, None, :]  # [..., I, J, i, K]
+  off = jnp.einsum("...IJik,...Jjk->...IiJj", q_bridged, k_off).reshape(lead + (c, c))
 
   # Pairs inside one sub-chunk: exact pairwise differences, masked before exp.
   tri = jnp.tril(jnp.ones((s, s), bool))
   diff = jnp.where(tri[:, :, None], gs[..., :, None, :] - gs[..., None, :, :], -jnp.inf)
-  diag = jnp.einsum("...nik,...njk,...nijk->...nij", qs, ks, jnp.exp(diff))
+  diag = jnp.einsum("...nijk,...njk->...nij", qs[..., :, None, :] * jnp.exp(diff), ks)
   eye = jnp.eye(n, dtype=diag.dtype)
   diag = (diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(lead + (c, c))
   return off + diag

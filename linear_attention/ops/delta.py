@@ -1,0 +1,525 @@
+"""The delta-rule engine: DeltaNet and Gated DeltaNet.
+
+One recurrence over a matrix state ``S`` of shape ``[K, V]`` per batch row and
+head, with a write strength ``beta_t`` and an optional scalar gate
+``a_t = exp(log_decay_t)`` per head and step::
+
+    S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
+    o_t = scale * S_t^T q_t
+
+Read as a rule: decay the state, predict ``v_t`` from ``k_t``
+(``p_t = a_t S_{t-1}^T k_t``) and write back ``beta_t`` times the error,
+``S_t = a_t S_{t-1} + beta_t k_t (v_t - p_t)^T``. Without the gate this is
+DeltaNet (Schlag et al. 2021; Yang et al. 2024), with it Gated DeltaNet
+(Yang et al. 2024).
+
+Stability: with L2-normalised keys and ``0 <= beta_t <= 2`` the transition
+``I - beta_t k_t k_t^T`` has eigenvalues ``1`` and ``1 - beta_t`` in
+``[-1, 1]``, so the state stays bounded over any length. Keys are NOT
+normalised here: the callers (or ``normalize_qk=True`` of the variants) do it.
+
+Forms (all agree; the tests prove it):
+
+* ``recurrent``: ``lax.scan`` over tokens through the step, the reference.
+* ``parallel``: the explicit ``T x T`` attention matrix
+  ``P = A (I + L)^{-1} diag(beta)`` (see below); quadratic, for short inputs.
+* ``chunk`` (default): the WY / UT-transform chunkwise algorithm, linear in T.
+
+The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
+the in-chunk cumulative log decay up to token ``i`` (inclusive) and write the
+update as ``S_i = a_i S_{i-1} + k_i d_i^T`` with the pseudo-value
+``d_i = beta_i (v_i - a_i S_{i-1}^T k_i)``. Unrolling ``S_{i-1}`` gives the
+lower-triangular system ``(I + L) D = diag(beta) V - diag(beta e^G) K S_0``
+with ``L_ij = beta_i e^{G_i - G_j} k_i . k_j`` for ``j < i``. One triangular
+solve per chunk gives ``U = (I + L)^{-1} diag(beta) V`` and
+``W = (I + L)^{-1} diag(beta e^G) K``, so ``D = U - W S_0``; then
+
+    O   = (Q e^G) S_0 + (Q K^T * e^{G_i - G_j} * [j <= i]) D
+    S_C = e^{G_C} S_0 + (K e^{G_C - G})^T D.
+
+Everything except ``D = U - W S_0`` and the state update is computed for all
+chunks at once (matmuls); the scan over chunks does two ``[C, K] x [K, V]``
+matmuls per chunk. Every decay factor is ``exp`` of a difference of cumulative
+log decays taken with the later position first (masked to ``-inf`` before the
+``exp`` elsewhere), so it is ``<= 1``: log decays down to -20 per step
+underflow to exact zeros and never overflow.
+
+Segments (``segment_ids``) are exact resets: a segment start behaves like
+``a_t = 0``. In the chunk and parallel forms this is a mask: pairs in
+different segments are dropped from ``L`` and the in-chunk scores, only the
+tokens that continue the previous chunk's last segment see ``S_0``, and only
+the tokens of the chunk's last segment reach ``S_C``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from linear_attention.ops import common
+
+Array = jax.Array
+
+
+def _acc_dtype(dtype) -> jnp.dtype:
+  """float32, or wider if the inputs are (float64 keeps gradient checks precise)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _is_concrete(x) -> bool:
+  """True when the values of ``x`` can be read now (not traced under jit/grad/vmap)."""
+  return not isinstance(x, jax.core.Tracer)
+
+
+def _check_beta(beta: Array, expected, what: str) -> None:
+  """Shape, dtype and, when concrete, the range ``0 <= beta <= 2``."""
+  common.check_float("beta", beta)
+  common.check_shape("beta", beta, expected, what)
+  if _is_concrete(beta):
+    values = np.asarray(beta, np.float32)
+    # Written so that NaN fails too.
+    if values.size and not np.all((values >= 0) & (values <= 2)):
+      raise ValueError(
+          "beta must lie in [0, 2] (the transition I - beta k k^T is then "
+          f"non-expansive for unit keys), got values in [{np.nanmin(values)}, "
+          f"{np.nanmax(values)}]."
+      )
+
+
+def _check_log_decay(log_decay: Array | None, expected, what: str) -> None:
+  """Shape, dtype and, when concrete, ``log_decay <= 0``."""
+  if log_decay is None:
+    return
+  common.check_float("log_decay", log_decay)
+  common.check_shape("log_decay", log_decay, expected, what)
+  if _is_concrete(log_decay):
+    values = np.asarray(log_decay, np.float32)
+    if values.size and not np.all(values <= 0):
+      raise ValueError(
+          "log_decay must be <= 0 (a decay in log space), got a maximum of "
+          f"{np.nanmax(values)}."
+      )
+
+
+def _check_inputs(q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids):
+  b, t, h, dk, dv = common.check_qkv(q, k, v)
+  _check_beta(beta, (b, t, h), "[B, T, H]")
+  _check_log_decay(log_decay, (b, t, h), "[B, T, H]: one scalar gate per head and step")
+  common.check_choice("form", form, common.FORMS)
+  common.check_positive_int("chunk_size", chunk_size)
+  common.check_state("initial_state", initial_state, (b, h, dk, dv))
+  common.check_segment_ids(segment_ids, b, t)
+  return b, t, h, dk, dv
+
+
+def delta_rule(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    log_decay: Array | None = None,
+    *,
+    scale: float | None = None,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+):
+  """The (gated) delta rule over a sequence.
+
+  ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`` with
+  ``a_t = exp(log_decay_t)`` (1 without a gate), ``o_t = scale * S_t^T q_t``.
+
+  Args:
+    q: ``[B, T, H, K]`` queries.
+    k: ``[B, T, H, K]`` keys, expected L2-normalised over ``K`` by the caller.
+    v: ``[B, T, H, V]`` values.
+    beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked only when the
+      value is concrete, i.e. not under ``jit``/``grad``/``vmap``).
+    log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0`` (Gated
+      DeltaNet; same concreteness rule for the sign check).
+    scale: output scale; ``None`` means ``K ** -0.5``.
+    form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
+    chunk_size: chunk length of the chunk form (any ``T`` works: padded inside
+      with ``beta = 0, k = 0``, which leaves the state unchanged).
+    initial_state: optional ``[B, H, K, V]`` state before the first token.
+    return_state: also return the final state.
+    segment_ids: optional ``[B, T]`` ints packing several sequences per row; no
+      state crosses a change of id. ``initial_state`` applies to the first
+      segment of each row, later segments start from zero; the returned state
+      is that at the end of the row.
+
+  Returns:
+    ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``
+    with ``state`` ``[B, H, K, V]`` in float32 (float64 for float64 inputs).
+
+  Gates, ``beta`` and ``initial_state`` may be in any floating dtype; all work
+  is done in ``promote_types(q.dtype, float32)``.
+  """
+  _, t, _, dk, _ = _check_inputs(
+      q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids)
+  scale = common.resolve_scale(scale, dk)
+  # Only the chunk form depends on chunk_size: keep it out of the others' cache key.
+  chunk_size = min(chunk_size, t) if form == "chunk" else 1
+  o, state = _forward(q, k, v, beta, log_decay, initial_state, segment_ids, scale,
+                      form=form, chunk_size=chunk_size)
+  return (o, state) if return_state else o
+
+
+@functools.partial(jax.jit, static_argnames=("form", "chunk_size"))
+def _forward(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, form, chunk_size):
+  """Checked inputs in, ``(o, state)`` out. Jitted so that eager calls compile
+  once per shape instead of dispatching every small op on its own."""
+  acc = _acc_dtype(q.dtype)
+  # Work in [B, H, T, *]: heads become a batch axis of every matmul.
+  qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
+  qh = qh * jnp.asarray(scale, acc)
+  bh = jnp.swapaxes(beta, 1, 2).astype(acc)
+  g = None if log_decay is None else jnp.swapaxes(log_decay, 1, 2).astype(acc)
+  seg = None if segment_ids is None else common.segment_index(segment_ids)
+  s0 = None if initial_state is None else initial_state.astype(acc)
+
+  if form == "recurrent":
+    o, state = _recurrent(qh, kh, vh, bh, g, s0, seg)
+  elif form == "parallel":
+    o, state = _parallel(qh, kh, vh, bh, g, s0, seg)
+  else:
+    o, state = _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size)
+  return jnp.swapaxes(o, 1, 2).astype(q.dtype), state
+
+
+def delta_rule_step(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    state: Array,
+    log_decay: Array | None = None,
+    *,
+    scale: float | None = None,
+):
+  """One token of the (gated) delta rule: decay, correct towards ``v``, read.
+
+  Args:
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``; beta: ``[B, H]`` in ``[0, 2]``.
+    state: ``[B, H, K, V]`` (float32, or float64).
+    log_decay: None or ``[B, H]``, values ``<= 0``.
+    scale: output scale; ``None`` means ``K ** -0.5``.
+
+  Returns:
+    ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
+    state ``[B, H, K, V]`` in the state's dtype.
+  """
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    common.check_rank(name, x, 3)
+    common.check_float(name, x)
+  b, h, dk = q.shape
+  common.check_shape("k", k, (b, h, dk), "the shape of q")
+  common.check_shape("v", v, (b, h, None), "batch and heads of q")
+  common.check_same_dtype(q=q, k=k, v=v)
+  _check_beta(beta, (b, h), "[B, H]")
+  _check_log_decay(log_decay, (b, h), "[B, H]")
+  common.check_shape("state", state, (b, h, dk, v.shape[-1]), "[B, H, K, V]")
+  common.check_float("state", state)
+  return _step_forward(q, k, v, beta, log_decay, state, common.resolve_scale(scale, dk))
+
+
+@jax.jit
+def _step_forward(q, k, v, beta, log_decay, state, scale):
+  acc = state.dtype
+  o, new_state = _step(
+      q.astype(acc) * jnp.asarray(scale, acc), k.astype(acc), v.astype(acc), beta.astype(acc),
+      None if log_decay is None else log_decay.astype(acc), state)
+  return o.astype(q.dtype), new_state
+
+
+def _step(q, k, v, beta, g, state):
+  """Unchecked step on ``[B, H, *]`` arrays; ``q`` already scaled."""
+  if g is not None:
+    state = jnp.exp(g)[..., None, None] * state
+  error = v - jnp.einsum("bhk,bhkv->bhv", k, state)
+  state = state + (beta[..., None] * k)[..., :, None] * error[..., None, :]
+  return jnp.einsum("bhk,bhkv->bhv", q, state), state
+
+
+def _zero_state(qh, vh):
+  b, h, _, dk = qh.shape
+  return jnp.zeros((b, h, dk, vh.shape[-1]), qh.dtype)
+
+
+def _recurrent(qh, kh, vh, bh, g, s0, seg):
+  """Token-by-token ``lax.scan``; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``."""
+  t = qh.shape[2]
+  state = _zero_state(qh, vh) if s0 is None else s0
+  starts = (jnp.zeros(qh.shape[:1] + (t,), bool) if seg is None
+            else common.segment_starts(seg))
+  move = lambda x: jnp.moveaxis(x, 2, 0)
+  xs = (move(qh), move(kh), move(vh), move(bh), None if g is None else move(g), starts.T)
+
+  def body(s, x):
+    q_t, k_t, v_t, b_t, g_t, start = x
+    # A segment start is a gate of exactly zero.
+    s = jnp.where(start[:, None, None, None], 0.0, s)
+    o_t, s = _step(q_t, k_t, v_t, b_t, g_t, s)
+    return s, o_t
+
+  state, o = lax.scan(body, state, xs)
+  return jnp.moveaxis(o, 0, 2), state
+
+
+def _pair_masks(seg_q, seg_k, n: int):
+  """Causal masks ``[..., n, n]``: ``j <= i`` and ``j < i``, within one segment."""
+  incl = jnp.tril(jnp.ones((n, n), bool))
+  if seg_q is not None:
+    incl = incl & (seg_q[..., :, None] == seg_k[..., None, :])
+  strict = incl & ~jnp.eye(n, dtype=bool)
+  return incl, strict
+
+
+def _pair_decay(gc, incl):
+  """``exp(G_i - G_j)`` for ``j <= i`` (masked before the ``exp``), else 0; or None."""
+  if gc is None:
+    return None
+  diff = gc[..., :, None] - gc[..., None, :]
+  return jnp.exp(jnp.where(incl, diff, -jnp.inf))
+
+
+def _solve_unit_lower(l, rhs):
+  """``(I + l)^{-1} rhs`` for strictly lower-triangular ``l [..., n, n]``."""
+  eye = jnp.eye(l.shape[-1], dtype=l.dtype)
+  return lax.linalg.triangular_solve(
+      l + eye, rhs, left_side=True, lower=True, unit_diagonal=True)
+
+
+def _parallel(qh, kh, vh, bh, g, s0, seg):
+  """The ``T x T`` form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``.
+
+  The pseudo-values are ``D = (I + L)^{-1} (diag(beta) V - diag(beta e^G) K S_0)``
+  and the outputs ``O = A D + (Q e^G) S_0``, so the whole sequence is one
+  causal attention matrix ``P = A (I + L)^{-1} diag(beta)`` applied to ``V``,
+  plus a correction for the initial state.
+  """
+  t = qh.shape[2]
+  seg4 = None if seg is None else seg[:, None]  # [B, 1, T]
+  incl, strict = _pair_masks(seg4, seg4, t)
+  gc = None if g is None else jnp.cumsum(g, axis=2)
+  decay = _pair_decay(gc, incl)
+  kk = jnp.einsum("bhik,bhjk->bhij", kh, kh)
+  qk = jnp.einsum("bhik,bhjk->bhij", qh, kh)
+  if decay is not None:
+    kk, qk = kk * decay, qk * decay
+  l = jnp.where(strict, bh[..., :, None] * kk, 0.0)
+  a = jnp.where(incl, qk, 0.0)
+  eye = jnp.broadcast_to(jnp.eye(t, dtype=qh.dtype), l.shape)
+  inv = _solve_unit_lower(l, eye)  # (I + L)^{-1}, lower triangular
+  p = jnp.einsum("bhij,bhjl->bhil", a, inv) * bh[..., None, :]
+  o = jnp.einsum("bhil,bhlv->bhiv", p, vh)
+
+  # The final state: every pseudo-value decayed to the end, last segment only.
+  to_end = 1.0 if gc is None else jnp.exp(gc[..., -1:] - gc)[..., None]
+  if seg is not None:
+    to_end = to_end * (seg == seg[:, -1:])[:, None, :, None]
+  k_end = kh * to_end  # [B, H, T, K]
+  state = jnp.einsum("bhjk,bhjl,bhlv->bhkv", k_end, inv, bh[..., None] * vh)
+  if s0 is not None:
+    first = 1.0 if seg is None else (seg == 0)[:, None, :, None]
+    gamma = 1.0 if gc is None else jnp.exp(gc)[..., None]
+    k_in = kh * (bh[..., None] * gamma * first)  # tokens that see S_0, as keys
+    q_in = qh * gamma * first
+    w = jnp.einsum("bhil,bhlk->bhik", inv, k_in)  # D = U - W S_0
+    o = o + jnp.einsum("bhik,bhkv->bhiv", q_in - jnp.einsum("bhij,bhjk->bhik", a, w), s0)
+    total = 1.0 if gc is None else jnp.exp(gc[..., -1])[..., None, None]
+    carry = 1.0 if seg is None else (seg[:, -1] == 0)[:, None, None, None]
+    state = (state + s0 * total * carry
+             - jnp.einsum("bhjk,bhjl,bhlv->bhkv", k_end, w, s0))
+  return o, state
+
+
+def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
+  """WY / UT-transform chunkwise form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``."""
+  b, h, t, dk = qh.shape
+  dv = vh.shape[-1]
+  c = chunk_size
+  # Padding with beta = 0 and k = 0 (and log_decay = 0) leaves the state as is.
+  pad = lambda x: common.pad_axis(x, c, axis=2)
+  qh, kh, vh, bh = pad(qh), pad(kh), pad(vh), pad(bh)
+  n = qh.shape[2] // c
+  split = lambda x: x.reshape(x.shape[:2] + (n, c) + x.shape[3:])
+  qc, kc, vc, bc = split(qh), split(kh), split(vh), split(bh)  # [B, H, N, C, *]
+
+  if seg is not None:
+    segp = common.pad_segment_ids(seg, c).reshape(b, 1, n, c)
+    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
+    sees_state = (segp == prev_end[..., None])[..., None].astype(qh.dtype)  # [B,1,N,C,1]
+    to_end = (segp == segp[..., -1:])[..., None].astype(qh.dtype)
+    carries = (segp[..., -1] == prev_end).astype(qh.dtype)  # [B,1,N]
+  else:
+    segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
+  incl, strict = _pair_masks(segp, segp, c)
+
+  if g is None:
+    gc = None
+    gamma, gamma_to_end, chunk_decay = 1.0, 1.0, jnp.ones((b, h, n), qh.dtype)
+  else:
+    gc = jnp.cumsum(split(pad(g)), axis=3)  # in-chunk cumulative, [B, H, N, C]
+    gamma = jnp.exp(gc)[..., None]
+    gamma_to_end = jnp.exp(gc[..., -1:] - gc)[..., None]
+    chunk_decay = jnp.exp(gc[..., -1])
+  decay = _pair_decay(gc, incl)
+
+  # Everything that does not depend on the entering state, for all chunks at once.
+  kk = jnp.einsum("bhnik,bhnjk->bhnij", kc, kc)
+  qk = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc)
+  if decay is not None:
+    kk, qk = kk * decay, qk * decay
+  l = jnp.where(strict, bc[..., :, None] * kk, 0.0)
+  a = jnp.where(incl, qk, 0.0)
+  beta_col = bc[..., None]
+  uw = _solve_unit_lower(
+      l, jnp.concatenate([beta_col * vc, beta_col * gamma * sees_state * kc], axis=-1))
+  u, w = uw[..., :dv], uw[..., dv:]  # [B,H,N,C,V], [B,H,N,C,K]
+  k_end = kc * gamma_to_end * to_end
+  chunk_decay = chunk_decay * carries
+
+  def body(state, x):
+    u_n, w_n, k_n, a_n = x
+    d = u_n - jnp.einsum("bhck,bhkv->bhcv", w_n, state)
+    new = a_n[..., None, None] * state + jnp.einsum("bhck,bhcv->bhkv", k_n, d)
+    return new, (state, d)
+
+  init = _zero_state(qh, vh) if s0 is None else s0
+  move = lambda x: jnp.moveaxis(x, 2, 0)
+  state, (entering, d) = lax.scan(
+      body, init, (move(u), move(w), move(k_end), move(chunk_decay)))
+  entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]: the state before each chunk
+  d = jnp.moveaxis(d, 0, 2)  # [B, H, N, C, V]
+  o = (jnp.einsum("bhnik,bhnkv->bhniv", qc * gamma * sees_state, entering)
+       + jnp.einsum("bhnij,bhnjv->bhniv", a, d))
+  o = o.reshape(b, h, n * c, dv)[:, :, :t]
+  return o, state
+
+
+def _l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+  """``x / ||x||`` over the last axis, in the accumulation dtype, cast back."""
+  xf = x.astype(_acc_dtype(x.dtype))
+  return (xf * lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def deltanet(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    *,
+    scale: float | None = None,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+    normalize_qk: bool = False,
+):
+  """DeltaNet: ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale S_t^T q_t``.
+
+  Schlag et al. 2021, "Linear Transformers Are Secretly Fast Weight
+  Programmers"; chunkwise training from Yang et al. 2024, "Parallelizing
+  Linear Transformers with the Delta Rule over Sequence Length".
+
+  Args: as :func:`delta_rule` without ``log_decay``; q, k ``[B, T, H, K]``,
+  v ``[B, T, H, V]``, beta ``[B, T, H]`` in ``[0, 2]`` (the paper uses a
+  sigmoid, in ``(0, 1)``). Keys should be L2-normalised; ``normalize_qk=True``
+  does it here for q and k.
+
+  Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.
+  """
+  if normalize_qk:
+    q, k = _l2_normalize(q), _l2_normalize(k)
+  return delta_rule(q, k, v, beta, None, scale=scale, form=form, chunk_size=chunk_size,
+                    initial_state=initial_state, return_state=return_state,
+                    segment_ids=segment_ids)
+
+
+def deltanet_step(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    state: Array,
+    *,
+    scale: float | None = None,
+    normalize_qk: bool = False,
+):
+  """One DeltaNet token: ``S = (I - beta k k^T) S + beta k v^T``, ``o = scale S^T q``.
+
+  Schlag et al. 2021; Yang et al. 2024 (see :func:`deltanet`). q, k
+  ``[B, H, K]``, v ``[B, H, V]``, beta ``[B, H]``, state ``[B, H, K, V]``.
+  Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+  """
+  if normalize_qk:
+    q, k = _l2_normalize(q), _l2_normalize(k)
+  return delta_rule_step(q, k, v, beta, state, scale=scale)
+
+
+def gated_deltanet(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    log_decay: Array,
+    *,
+    scale: float | None = None,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+    normalize_qk: bool = False,
+):
+  """Gated DeltaNet: ``S_t = exp(log_decay_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``.
+
+  Yang, Kautz and Hatamizadeh 2024, "Gated Delta Networks: Improving Mamba2
+  with Delta Rule". ``o_t = scale S_t^T q_t``.
+
+  Args: as :func:`delta_rule`; q, k ``[B, T, H, K]``, v ``[B, T, H, V]``,
+  beta ``[B, T, H]`` in ``[0, 2]``, log_decay ``[B, T, H]`` values ``<= 0``
+  (a scalar gate per head and step). Keys should be L2-normalised;
+  ``normalize_qk=True`` does it here for q and k.
+
+  Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.
+  """
+  if log_decay is None:
+    raise ValueError("log_decay must be a [B, T, H] array for gated_deltanet, got None.")
+  if normalize_qk:
+    q, k = _l2_normalize(q), _l2_normalize(k)
+  return delta_rule(q, k, v, beta, log_decay, scale=scale, form=form, chunk_size=chunk_size,
+                    initial_state=initial_state, return_state=return_state,
+                    segment_ids=segment_ids)
+
+
+def gated_deltanet_step(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    log_decay: Array,
+    state: Array,
+    *,
+    scale: float | None = None,
+    normalize_qk: bool = False,
+):
+  """One Gated DeltaNet token: ``S = exp(log_decay) (I - beta k k^T) S + beta k v^T``.
+
+  Yang et al. 2024, "Gated Delta Networks" (see :func:`gated_deltanet`). q, k
+  ``[B, H, K]``, v ``[B, H, V]``, beta and log_decay ``[B, H]``, state
+  ``[B, H, K, V]``. Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+  """
+  if log_decay is None:
+    raise ValueError("log_decay must be a [B, H] array for gated_deltanet_step, got None.")
+  if normalize_qk:
+    q, k = _l2_normalize(q), _l2_normalize(k)
+  return delta_rule_step(q, k, v, beta, state, log_decay, scale=scale)

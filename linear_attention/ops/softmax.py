@@ -1,0 +1,422 @@
+"""Exact softmax attention: the quadratic baseline every other op is measured against.
+
+Two implementations of one function, :func:`softmax_attention`:
+
+* ``naive``: the ``T x T`` logits are materialised in float32, masked and
+  normalised in one go. The readable reference.
+* ``blockwise``: FlashAttention's online softmax in plain JAX. Queries are cut
+  into blocks (an outer ``lax.map``); each query block loops over the key
+  blocks it can see, keeping a running maximum ``m``, a running normaliser
+  ``l`` and an unnormalised output. Causal attention stops at the diagonal
+  block, so it costs about half. Memory is ``O(T)``: the backward pass (a
+  ``jax.custom_vjp``) recomputes the probabilities block by block from the
+  saved per-query log-sum-exp, as in FlashAttention-2 (``dq`` per query block
+  looping over key blocks, ``dk, dv`` per key block looping over query blocks).
+
+The block machinery is shared with ``ops/sparse.py``:
+
+* :func:`flash_attention_stats`: blockwise attention where a static
+  :class:`BlockMask` says which key blocks each query block visits (all, up to
+  the diagonal, or a band around it) and which tokens inside a block pair are
+  visible. Returns the output and the log-sum-exp, both differentiable.
+* :func:`dense_attention_stats`: one masked softmax over a given key set (the
+  naive path, and the gathered key sets of Longformer and BigBird).
+* :func:`merge_attention`: combines two attentions over disjoint key sets into
+  the attention over their union, from their outputs and log-sum-exps.
+
+Masking uses a large finite negative logit (never ``-inf``) and zeroes masked
+probabilities explicitly, so a row with no visible key (only padding can have
+one) gives a zero output and no NaN anywhere. Softmax statistics and
+accumulation are float32 (wider for float64 inputs); outputs come back in the
+input dtype.
+
+Segments: ``segment_ids`` ``[B, T]`` packs sequences in a row. As in every op
+of this package, a segment is a maximal run of equal ids (``common.segment_index``);
+a query sees only keys of its own run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linear_attention.ops import common
+
+Array = jax.Array
+
+IMPLEMENTATIONS = ("naive", "blockwise")
+# Longest sequence for which implementation=None picks the naive path: its
+# float32 logits are B*H*T*T*4 bytes (16 MiB per batch row and head at 2048).
+NAIVE_MAX_LEN = 1024
+# Logit given to masked pairs: finite, so max/exp never see inf - inf.
+MASK_VALUE = -1e30
+# Segment ids given to padding: padded keys match no query, padded queries no key.
+PAD_KEY_SEG = -1
+PAD_QUERY_SEG = -2
+
+
+def _acc_dtype(dtype) -> jnp.dtype:
+  """float32, or wider if the inputs are (float64 keeps gradient checks precise)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Shared machinery.
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockMask:
+  """Static description of which (query, key) pairs are visible, by position.
+
+  A pair with query position ``i`` and key position ``j`` (and equal segment
+  ids) is visible when ``j <= i`` if ``causal``, and ``i - j < window`` (causal)
+  or ``|i - j| < window`` (not causal) if ``window`` is set.
+
+  ``aligned`` says that query block ``n`` and key block ``n`` cover the same
+  positions (self-attention with ``block_q == block_k`` and positions equal to
+  array indices); only then are whole key blocks skipped, which is what makes
+  causal attention half price and windowed attention ``O(T * window)``. Without
+  it every query block visits every key block and the mask does all the work.
+  """
+
+  block_q: int
+  block_k: int
+  causal: bool = False
+  window: int | None = None
+  aligned: bool = True
+
+  def __post_init__(self):
+    if self.aligned and self.block_q != self.block_k:
+      raise ValueError(
+          f"an aligned BlockMask needs block_q == block_k, got {self.block_q} and {self.block_k}."
+      )
+
+  def visible(self, q_pos: Array, k_pos: Array) -> Array:
+    """``[B, bq]`` and ``[B, bk]`` positions -> ``[B, bq, bk]`` bool."""
+    d = q_pos[:, :, None] - k_pos[:, None, :]
+    ok = jnp.ones(d.shape, bool)
+    if self.causal:
+      ok &= d >= 0
+    if self.window is not None:
+      ok &= d < self.window
+      if not self.causal:
+        ok &= d > -self.window
+    return ok
+
+  def _reach(self) -> tuple[int | None, int | None]:
+    """Key blocks visible to the left and right of the diagonal (None: unbounded)."""
+    left = None if self.window is None else -(-(self.window - 1) // self.block_k)
+    right = 0 if self.causal else left
+    return left, right
+
+  def key_blocks(self, i, num_k: int):
+    """``[lo, hi)`` key blocks that query block ``i`` visits."""
+    left, right = self._reach() if self.aligned else (None, None)
+    lo = 0 if left is None else jnp.maximum(0, i - left)
+    hi = num_k if right is None else jnp.minimum(num_k, i + right + 1)
+    return lo, hi
+
+  def query_blocks(self, j, num_q: int):
+    """``[lo, hi)`` query blocks that visit key block ``j`` (the inverse of ``key_blocks``)."""
+    left, right = self._reach() if self.aligned else (None, None)
+    lo = 0 if right is None else jnp.maximum(0, j - right)
+    hi = num_q if left is None else jnp.minimum(num_q, j + left + 1)
+    return lo, hi
+
+
+def _block_logits(mask: BlockMask, scale: float, qi, kj, qpi, kpj, qsi, ksj):
+  """Masked float32 logits ``[B, bq, H, bk]`` and the mask ``[B, bq, 1, bk]``."""
+  acc = _acc_dtype(qi.dtype)
+  s = jnp.einsum("bqhd,bkhd->bqhk", qi, kj, preferred_element_type=acc) * scale
+  ok = (qsi[:, :, None] == ksj[:, None, :]) & mask.visible(qpi, kpj)
+  ok = ok[:, :, None, :]
+  return jnp.where(ok, s, MASK_VALUE), ok
+
+
+def _blocks(x: Array, size: int) -> Array:
+  """``[B, n*size, ...]`` -> ``[n, B, size, ...]`` (block index first, for ``lax.map``)."""
+  b, t = x.shape[:2]
+  return jnp.moveaxis(x.reshape(b, t // size, size, *x.shape[2:]), 1, 0)
+
+
+def _unblocks(x: Array) -> Array:
+  """Inverse of :func:`_blocks`."""
+  n, b, size = x.shape[:3]
+  return jnp.moveaxis(x, 0, 1).reshape(b, n * size, *x.shape[3:])
+
+
+def _take(x: Array, j, size: int) -> Array:
+  return lax.dynamic_slice_in_dim(x, j * size, size, axis=1)
+
+
+def _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
+  b, tq, h, _ = q.shape
+  dv = v.shape[-1]
+  bq, bk = mask.block_q, mask.block_k
+  nq, nk = tq // bq, k.shape[1] // bk
+  acc = _acc_dtype(q.dtype)
+
+  def query_block(args):
+    i, qi, qpi, qsi = args
+
+    def body(j, carry):
+      m, l, o = carry
+      s, ok = _block_logits(mask, scale, qi, _take(k, j, bk), qpi, _take(k_pos, j, bk),
+                            qsi, _take(k_seg, j, bk))
+      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+      # Explicit zeros: a fully masked row has m_new == MASK_VALUE and exp(0) = 1.
+      p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
+      corr = jnp.exp(m - m_new)
+      l = l * corr + jnp.sum(p, axis=-1)
+      o = o * corr[..., None] + jnp.einsum("bqhk,bkhd->bqhd", p, _take(v, j, bk).astype(acc))
+      return m_new, l, o
+
+    init = (jnp.full((b, bq, h), MASK_VALUE, acc), jnp.zeros((b, bq, h), acc),
+            jnp.zeros((b, bq, h, dv), acc))
+    lo, hi = mask.key_blocks(i, nk)
+    m, l, o = lax.fori_loop(lo, hi, body, init)
+    seen = l > 0
+    l = jnp.where(seen, l, 1.0)
+    return o / l[..., None], jnp.where(seen, m + jnp.log(l), MASK_VALUE)
+
+  o, lse = lax.map(query_block, (jnp.arange(nq), _blocks(q, bq), _blocks(q_pos, bq),
+                                 _blocks(q_seg, bq)))
+  return _unblocks(o), _unblocks(lse)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _flash(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
+  return _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+
+def _flash_fwd(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
+  o, lse = _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg)
+  return (o, lse), (q, k, v, q_pos, k_pos, q_seg, k_seg, o, lse)
+
+
+def _flash_bwd(mask, scale, res, cotangents):
+  q, k, v, q_pos, k_pos, q_seg, k_seg, o, lse = res
+  do, dlse = cotangents
+  acc = o.dtype
+  bq, bk = mask.block_q, mask.block_k
+  nq, nk = q.shape[1] // bq, k.shape[1] // bk
+  do = do.astype(acc)
+  # d lse_i / d s_ij = p_ij, so a log-sum-exp cotangent just shifts the row term.
+  delta = jnp.sum(do * o, axis=-1) - dlse.astype(acc)
+
+  def probs(qi, kj, qpi, kpj, qsi, ksj, lse_i):
+    s, ok = _block_logits(mask, scale, qi, kj, qpi, kpj, qsi, ksj)
+    return jnp.where(ok, jnp.exp(s - lse_i[..., None]), 0.0)
+
+  def dq_block(args):
+    i, qi, qpi, qsi, doi, lse_i, delta_i = args
+
+    def body(j, dq):
+      kj, vj = _take(k, j, bk).astype(acc), _take(v, j, bk).astype(acc)
+      p = probs(qi, kj, qpi, _take(k_pos, j, bk), qsi, _take(k_seg, j, bk), lse_i)
+      dp = jnp.einsum("bqhd,bkhd->bqhk", doi, vj)
+      ds = p * (dp - delta_i[..., None])
+      return dq + jnp.einsum("bqhk,bkhd->bqhd", ds, kj)
+
+    lo, hi = mask.key_blocks(i, nk)
+    return lax.fori_loop(lo, hi, body, jnp.zeros(qi.shape, acc)) * scale
+
+  def dkv_block(args):
+    j, kj, vj, kpj, ksj = args
+    kj, vj = kj.astype(acc), vj.astype(acc)
+
+    def body(i, carry):
+      dk, dv = carry
+      qi, doi = _take(q, i, bq).astype(acc), _take(do, i, bq)
+      p = probs(qi, kj, _take(q_pos, i, bq), kpj, _take(q_seg, i, bq), ksj, _take(lse, i, bq))
+      dv = dv + jnp.einsum("bqhk,bqhd->bkhd", p, doi)
+      dp = jnp.einsum("bqhd,bkhd->bqhk", doi, vj)
+      ds = p * (dp - _take(delta, i, bq)[..., None])
+      return dk + jnp.einsum("bqhk,bqhd->bkhd", ds, qi), dv
+
+    lo, hi = mask.query_blocks(j, nq)
+    dk, dv = lax.fori_loop(lo, hi, body, (jnp.zeros(kj.shape, acc), jnp.zeros(vj.shape, acc)))
+    return dk * scale, dv
+
+  dq = lax.map(dq_block, (jnp.arange(nq), _blocks(q.astype(acc), bq), _blocks(q_pos, bq),
+                          _blocks(q_seg, bq), _blocks(do, bq), _blocks(lse, bq),
+                          _blocks(delta, bq)))
+  dk, dv = lax.map(dkv_block, (jnp.arange(nk), _blocks(k, bk), _blocks(v, bk),
+                               _blocks(k_pos, bk), _blocks(k_seg, bk)))
+  return (_unblocks(dq).astype(q.dtype), _unblocks(dk).astype(k.dtype),
+          _unblocks(dv).astype(v.dtype), None, None, None, None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+# Jitted so that eager calls (and eager grads) reuse compiled loops.
+_flash_jit = jax.jit(_flash, static_argnums=(0, 1))
+
+
+def flash_attention_stats(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array,
+                          q_seg: Array, k_seg: Array, *, mask: BlockMask,
+                          scale: float) -> tuple[Array, Array]:
+  """Blockwise (online-softmax) attention returning its output and log-sum-exp.
+
+  Pads queries and keys to their block sizes (padding is invisible) and slices
+  the padding off again. Differentiable in ``q, k, v`` and in both outputs
+  through a FlashAttention-2 style ``custom_vjp``: nothing ``Tq x Tk`` is stored.
+
+  Args:
+    q: ``[B, Tq, H, K]``; k: ``[B, Tk, H, K]``; v: ``[B, Tk, H, V]``.
+    q_pos, k_pos: ``[B, Tq]``, ``[B, Tk]`` int positions, used by ``mask``.
+    q_seg, k_seg: ``[B, Tq]``, ``[B, Tk]`` int segment indices: a pair is
+      visible only if they are equal. Use a negative ``k_seg`` (that no query
+      has) to hide a key.
+    mask: which blocks and pairs are visited (static).
+    scale: logit scale.
+
+  Returns:
+    ``(o, lse)``: ``o`` ``[B, Tq, H, V]`` and ``lse`` ``[B, Tq, H]``, both in the
+    accumulation dtype (float32 for bfloat16 inputs). A query that sees no key
+    gets ``o = 0`` and ``lse = MASK_VALUE``.
+  """
+  tq, tk = q.shape[1], k.shape[1]
+  q, q_pos = common.pad_axis(q, mask.block_q), common.pad_axis(q_pos, mask.block_q)
+  q_seg = common.pad_axis(q_seg, mask.block_q, value=PAD_QUERY_SEG)
+  k, v = common.pad_axis(k, mask.block_k), common.pad_axis(v, mask.block_k)
+  k_pos = common.pad_axis(k_pos, mask.block_k)
+  k_seg = common.pad_axis(k_seg, mask.block_k, value=PAD_KEY_SEG)
+  o, lse = _flash_jit(mask, float(scale), q, k, v, q_pos.astype(jnp.int32),
+                      k_pos.astype(jnp.int32), q_seg.astype(jnp.int32), k_seg.astype(jnp.int32))
+  return o[:, :tq], lse[:, :tq]
+
+
+def dense_attention_stats(q: Array, k: Array, v: Array, visible: Array,
+                          scale: float) -> tuple[Array, Array]:
+  """One masked softmax over an explicit key set; differentiable by autodiff.
+
+  Args:
+    q: ``[..., Tq, H, K]``; k: ``[..., Tk, H, K]``; v: ``[..., Tk, H, V]``.
+    visible: bool, broadcastable to ``[..., Tq, Tk]`` (shared by all heads).
+    scale: logit scale.
+
+  Returns:
+    ``(o, lse)``: ``[..., Tq, H, V]`` and ``[..., Tq, H]`` in the accumulation
+    dtype. A query that sees no key gets ``o = 0`` and ``lse = MASK_VALUE``.
+  """
+  acc = _acc_dtype(q.dtype)
+  s = jnp.einsum("...qhd,...khd->...qhk", q, k, preferred_element_type=acc) * scale
+  ok = visible[..., :, None, :]
+  s = jnp.where(ok, s, MASK_VALUE)
+  # The max only stabilises exp; its gradient would cancel, so it is stopped.
+  m = lax.stop_gradient(jnp.max(s, axis=-1))
+  p = jnp.where(ok, jnp.exp(s - m[..., None]), 0.0)
+  l = jnp.sum(p, axis=-1)
+  seen = l > 0
+  l = jnp.where(seen, l, 1.0)
+  o = jnp.einsum("...qhk,...khd->...qhd", p / l[..., None], v.astype(acc))
+  return o, jnp.where(seen, m + jnp.log(l), MASK_VALUE)
+
+
+def merge_attention(o1: Array, lse1: Array, o2: Array, lse2: Array) -> tuple[Array, Array]:
+  """Attention over the union of two disjoint key sets, from each set's result.
+
+  Args:
+    o1, o2: ``[..., H, V]`` outputs; lse1, lse2: ``[..., H]`` their log-sum-exps.
+
+  Returns:
+    ``(o, lse)`` of the same shapes.
+  """
+  lse = jnp.logaddexp(lse1, lse2)
+  w1 = jnp.exp(lse1 - lse)[..., None]
+  w2 = jnp.exp(lse2 - lse)[..., None]
+  return w1 * o1 + w2 * o2, lse
+
+
+def segment_or_zeros(segment_ids: Array | None, batch: int, seq: int) -> Array:
+  """``[B, T]`` int32 monotone segment index (all zeros without ``segment_ids``)."""
+  if segment_ids is None:
+    return jnp.zeros((batch, seq), jnp.int32)
+  return common.segment_index(segment_ids)
+
+
+def positions(batch: int, seq: int) -> Array:
+  """``[B, T]`` int32 positions ``0 .. T-1``."""
+  return jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+
+
+def self_attention_stats(q: Array, k: Array, v: Array, segment_ids: Array | None, *,
+                         scale: float, block_size: int, causal: bool,
+                         window: int | None = None) -> tuple[Array, Array]:
+  """:func:`flash_attention_stats` for self-attention (aligned blocks of ``block_size``).
+
+  Shapes as in :func:`flash_attention_stats` with ``Tq = Tk = T``;
+  ``block_size`` is capped at ``T``.
+  """
+  b, t = q.shape[:2]
+  pos = positions(b, t)
+  seg = segment_or_zeros(segment_ids, b, t)
+  bs = min(block_size, t)
+  mask = BlockMask(bs, bs, causal=causal, window=window)
+  return flash_attention_stats(q, k, v, pos, pos, seg, seg, mask=mask, scale=scale)
+
+
+# ---------------------------------------------------------------------------
+# Public API.
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "causal"))
+def _naive(q, k, v, segment_ids, scale, causal):
+  b, t = q.shape[:2]
+  seg = segment_or_zeros(segment_ids, b, t)
+  visible = seg[:, :, None] == seg[:, None, :]
+  if causal:
+    visible &= jnp.tril(jnp.ones((t, t), bool))
+  o, _ = dense_attention_stats(q, k, v, visible, scale)
+  return o
+
+
+def softmax_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    segment_ids: Array | None = None,
+    implementation: str | None = None,
+    block_size: int = 128,
+) -> Array:
+  """Exact softmax attention, ``o_i = sum_j softmax_j(scale * q_i . k_j) v_j``.
+
+  Args:
+    q: ``[B, T, H, K]`` queries.
+    k: ``[B, T, H, K]`` keys.
+    v: ``[B, T, H, V]`` values.
+    causal: if True, query ``i`` sees keys ``j <= i`` only.
+    scale: logit scale; ``None`` means ``K ** -0.5``.
+    segment_ids: optional ``[B, T]`` ints packing several sequences per row; a
+      query sees only keys of its own segment (a maximal run of equal ids).
+    implementation: ``"naive"`` (materialises ``[B, H, T, T]`` float32 logits),
+      ``"blockwise"`` (online softmax, ``O(T)`` memory, custom backward) or
+      ``None``: naive for ``T <= NAIVE_MAX_LEN`` (1024), blockwise above.
+    block_size: query and key block length of the blockwise path (any ``T``
+      works: padded inside; capped at ``T``).
+
+  Returns:
+    ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``. Softmax statistics
+    and accumulation are float32 for bfloat16/float16/float32 inputs.
+  """
+  b, t, _, dk, _ = common.check_qkv(q, k, v)
+  common.check_segment_ids(segment_ids, b, t)
+  if implementation is not None:
+    common.check_choice("implementation", implementation, IMPLEMENTATIONS)
+  common.check_positive_int("block_size", block_size)
+  scale = common.resolve_scale(scale, dk)
+  if implementation is None:
+    implementation = "naive" if t <= NAIVE_MAX_LEN else "blockwise"
+  if implementation == "naive":
+    o = _naive(q, k, v, segment_ids, scale=float(scale), causal=bool(causal))
+  else:
+    o, _ = self_attention_stats(q, k, v, segment_ids, scale=scale, block_size=block_size,
+                                causal=causal)
+  return o.astype(q.dtype)

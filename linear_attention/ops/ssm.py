@@ -1,0 +1,513 @@
+"""Diagonal state-space models: S4D (Gu et al., 2022) and Mamba-1's selective
+scan (Gu & Dao, 2023).
+
+Both run, per channel ``d``, a diagonal state of size ``N``::
+
+    h_t = exp(dt * A) * h_{t-1} + Bbar * u_t        y_t = <C, h_t> (+ D u_t)
+
+* S4D is time invariant: ``A`` complex ``[D, N]`` (N modes standing for N
+  conjugate pairs, so ``y = 2 Re <C, h>``), a learnable step ``log_dt [D]`` and
+  zero-order-hold discretisation ``Bbar = (exp(dt A) - 1) / A * B``. Being
+  time invariant, it is a convolution with the kernel
+  ``K_l = 2 Re sum_n C_n Bbar_n exp(dt A_n l)`` (a Vandermonde product in closed
+  form), applied with an FFT in ``O(T log T)``: form ``"fft"``. Its recurrence
+  is the elementwise scan of :mod:`linear_attention.ops.scan` over a complex
+  ``[D, N]`` state (forms ``"chunk"``, ``"associative"``, ``"recurrent"``).
+* Mamba's ``dt``, ``B`` and ``C`` depend on the token: ``A`` real ``[D, N]``,
+  ``dt_t = softplus(dt + dt_bias)`` per channel, ``Bbar = dt_t B_t`` (Mamba's
+  simplified hold), ``y_t = <C_t, h_t> + D x_t``, gated by ``silu(z)``. It is
+  the same elementwise scan over a real ``[D, N]`` state, and also the
+  diagonal-decay engine with one head per channel (``q = C``, ``k = B``,
+  ``v = dt x``, key dimension ``N``, value dimension 1).
+
+With constant ``dt``, ``B`` and ``C``, Mamba is an S4D with real ``A``:
+``A_imag = 0``, ``C_s4d = C / 2`` and ``B_s4d = B * dt A / expm1(dt A)`` (the
+last undoes the zero-order hold). The tests check this through the public
+functions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from linear_attention.ops import common
+from linear_attention.ops import decay as decay_lib
+from linear_attention.ops import scan as scan_lib
+
+Array = jax.Array
+
+S4D_FORMS = ("fft",) + scan_lib.SCAN_FORMS
+SELECTIVE_FORMS = ("chunk", "associative", "recurrent", "decay")
+S4D_INITS = ("lin", "inv", "real")
+
+
+def _concrete(x) -> bool:
+  return x is not None and not isinstance(x, jax.core.Tracer)
+
+
+def _check_nonpositive(name: str, x: Array, what: str) -> None:
+  """Raises when a concrete ``x`` has a positive entry."""
+  if _concrete(x):
+    worst = float(np.max(np.asarray(x, np.float64)))
+    if worst > 0:
+      raise ValueError(f"{name} must be <= 0 ({what}), got a maximum of {worst}.")
+
+
+# ----------------------------------------------------------------------------- S4D
+
+
+def s4d_init(kind: str, state_size: int, channels: int | None = None,
+             dtype=jnp.float32) -> tuple[Array, Array]:
+  """The diagonal ``A`` of S4D, as ``(A_real, A_imag)``.
+
+  Args:
+    kind: ``"lin"`` (S4D-Lin, ``-1/2 + i pi n``), ``"inv"`` (S4D-Inv,
+      ``-1/2 + i N/pi (N/(2n+1) - 1)``) or ``"real"`` (S4D-Real, ``-(n+1)``).
+    state_size: ``N``, the number of modes (each a conjugate pair).
+    channels: ``D``; when given the result is tiled to ``[D, N]``.
+    dtype: float dtype of the result.
+
+  Returns:
+    ``(A_real, A_imag)``, each ``[N]`` or ``[D, N]``.
+  """
+  common.check_choice("kind", kind, S4D_INITS)
+  common.check_positive_int("state_size", state_size)
+  n = np.arange(state_size, dtype=np.float64)
+  if kind == "lin":
+    re, im = -0.5 * np.ones_like(n), math.pi * n
+  elif kind == "inv":
+    re = -0.5 * np.ones_like(n)
+    im = state_size / math.pi * (state_size / (2 * n + 1) - 1)
+  else:
+    re, im = -(n + 1), np.zeros_like(n)
+  if channels is not None:
+    common.check_positive_int("channels", channels)
+    re, im = np.tile(re, (channels, 1)), np.tile(im, (channels, 1))
+  return jnp.asarray(re, dtype), jnp.asarray(im, dtype)
+
+
+def s4d_log_dt_init(key: Array, channels: int, dt_min: float = 1e-3, dt_max: float = 1e-1,
+                    dtype=jnp.float32) -> Array:
+  """``[D]`` log steps drawn log-uniformly in ``[dt_min, dt_max]``, as in S4D."""
+  u = jax.random.uniform(key, (channels,), jnp.float32)
+  return (u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).astype(dtype)
+
+
+def _complex_dtype(*dtypes):
+  return jnp.promote_types(scan_lib.acc_dtype(*dtypes), jnp.complex64)
+
+
+def _check_s4d_params(A_real, A_imag, B, C, log_dt, D, channels, bidirectional):
+  for name, p in (("A_real", A_real), ("A_imag", A_imag), ("log_dt", log_dt)):
+    common.check_float(name, p)
+  common.check_rank("A_real", A_real, 2)
+  d, n = A_real.shape
+  if channels is not None and d != channels:
+    raise ValueError(f"A_real must have shape [D, N] with D = {channels} (channels of u), "
+                     f"got {list(A_real.shape)}.")
+  common.check_shape("A_imag", A_imag, (d, n), "[D, N] as A_real")
+  common.check_shape("B", B, (d, n), "[D, N] as A_real")
+  c_shape = (2, d, n) if bidirectional else (d, n)
+  common.check_shape("C", C, c_shape,
+                     "[2, D, N], forward then backward" if bidirectional else "[D, N] as A_real")
+  common.check_shape("log_dt", log_dt, (d,), "[D]")
+  if D is not None:
+    common.check_shape("D", D, (d,), "[D]")
+  _check_nonpositive("A_real", A_real, "the real part of A; a positive one makes the SSM unstable")
+  return d, n
+
+
+def _phi(z):
+  """``expm1(z) / z`` with its limit 1 at ``z = 0`` (no division by zero)."""
+  small = jnp.abs(z) < 1e-4
+  safe = jnp.where(small, jnp.ones_like(z), z)
+  return jnp.where(small, 1 + z / 2, jnp.expm1(safe) / safe)
+
+
+def s4d_discretize(A_real: Array, A_imag: Array, B: Array, log_dt: Array):
+  """Zero-order hold: ``(dt A, Bbar)`` with ``Abar = exp(dt A)``.
+
+  Args:
+    A_real, A_imag, B: ``[D, N]`` (``B`` real or complex); log_dt: ``[D]``.
+
+  Returns:
+    ``(dtA, Bbar)``, complex ``[D, N]``: ``Bbar = (exp(dt A) - 1) / A * B``.
+  """
+  cdt = _complex_dtype(A_real.dtype, log_dt.dtype)
+  dt = jnp.exp(log_dt.astype(jnp.finfo(cdt).dtype))[:, None]
+  dtA = lax.complex(A_real.astype(dt.dtype), A_imag.astype(dt.dtype)) * dt
+  return dtA, B.astype(cdt) * dt * _phi(dtA)
+
+
+def s4d_kernel(A_real: Array, A_imag: Array, B: Array, C: Array, log_dt: Array,
+               length: int) -> Array:
+  """The S4D convolution kernel ``K_l = 2 Re sum_n C_n Bbar_n exp(dt A_n l)``.
+
+  Args:
+    A_real, A_imag, B, C: ``[D, N]`` (``B``, ``C`` real or complex); log_dt: ``[D]``.
+    length: ``L``.
+
+  Returns:
+    ``[D, L]`` real kernel (float32, or float64 for float64 parameters).
+  """
+  dtA, bbar = s4d_discretize(A_real, A_imag, B, log_dt)
+  return _kernel(dtA, bbar * C.astype(bbar.dtype), length)
+
+
+def _vandermonde(dtA, length, offset=0):
+  """``exp(dt A * (l + offset))``, ``[D, N, L]``."""
+  pos = jnp.arange(length, dtype=dtA.real.dtype) + offset
+  return jnp.exp(dtA[..., None] * pos)
+
+
+def _kernel(dtA, cb, length):
+  # A sum rather than an einsum, so XLA can fuse the exp into the reduction
+  # instead of materialising the [D, N, L] Vandermonde matrix.
+  return 2 * jnp.sum(cb[..., None] * _vandermonde(dtA, length), axis=-2).real
+
+
+def _fft_conv(u, k):
+  """Causal convolution along the last axis: ``u [..., D, T]``, ``k [D, T]``."""
+  t = u.shape[-1]
+  n = 1 << (2 * t - 1).bit_length()  # no wrap-around, and a fast FFT size
+  y = jnp.fft.irfft(jnp.fft.rfft(u, n) * jnp.fft.rfft(k, n), n)
+  return y[..., :t]
+
+
+def s4d(
+    u: Array,
+    A_real: Array,
+    A_imag: Array,
+    B: Array,
+    C: Array,
+    log_dt: Array,
+    D: Array | None = None,
+    *,
+    form: str = "fft",
+    bidirectional: bool = False,
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+):
+  """S4D: a diagonal complex SSM per channel, ZOH-discretised.
+
+  ``h_t = exp(dt A) h_{t-1} + Bbar u_t``, ``y_t = 2 Re <C, h_t> + D u_t``.
+
+  Args:
+    u: ``[B, T, D]`` inputs.
+    A_real: ``[D, N]``, ``<= 0`` (see :func:`s4d_init`); A_imag: ``[D, N]``.
+    B: ``[D, N]`` real or complex.
+    C: ``[D, N]`` real or complex; ``[2, D, N]`` (forward, backward) when
+      ``bidirectional``.
+    log_dt: ``[D]`` log step sizes (learnable).
+    D: optional ``[D]`` skip connection.
+    form: ``"fft"`` (default: closed-form kernel, FFT convolution,
+      ``O(T log T)``), or a scan form ``"chunk"``, ``"associative"``,
+      ``"recurrent"``. With ``segment_ids`` the fft form runs the chunk scan.
+    bidirectional: add a backward SSM that sees only later tokens
+      (``y_t += sum_{s > t} K^b_{s - t - 1} u_s``), sharing ``A``, ``B`` and
+      ``dt`` and reading with ``C[1]``, so each token counts once.
+    chunk_size: chunk length of the chunk form.
+    initial_state: optional ``[B, D, N]`` complex state (causal only).
+    return_state: also return the final state (causal only).
+    segment_ids: optional ``[B, T]`` ints; no state crosses a segment boundary.
+
+  Returns:
+    ``y`` ``[B, T, D]`` in the dtype of ``u``, or ``(y, state)`` with ``state``
+    ``[B, D, N]`` complex64 (complex128 for float64 inputs).
+  """
+  common.check_rank("u", u, 3)
+  common.check_float("u", u)
+  bsz, t, d = u.shape
+  _, n = _check_s4d_params(A_real, A_imag, B, C, log_dt, D, d, bidirectional)
+  common.check_choice("form", form, S4D_FORMS)
+  common.check_positive_int("chunk_size", chunk_size)
+  common.check_segment_ids(segment_ids, bsz, t)
+  if bidirectional and (initial_state is not None or return_state):
+    raise ValueError("initial_state and return_state need a causal S4D (bidirectional=False).")
+  if initial_state is not None:
+    common.check_shape("initial_state", initial_state, (bsz, d, n), "[B, D, N]")
+
+  acc = scan_lib.acc_dtype(u.dtype, A_real.dtype)
+  dtA, bbar = s4d_discretize(A_real, A_imag, B, log_dt)
+  uf = u.astype(acc)
+  c_fwd = (C[0] if bidirectional else C).astype(bbar.dtype)
+  if form == "fft" and segment_ids is None:
+    y = _fft_conv(jnp.swapaxes(uf, 1, 2), _kernel(dtA, c_fwd * bbar, t))  # [B, D, T]
+    state = None
+    if initial_state is not None or return_state:
+      vand = _vandermonde(dtA, t)  # [D, N, T]: exp(dt A l)
+    if initial_state is not None:
+      h0 = initial_state.astype(bbar.dtype)
+      # The initial state, decayed t + 1 times, read by C.
+      y = y + 2 * jnp.einsum("dn,bdn,dnt->bdt", c_fwd, h0, vand * jnp.exp(dtA)[..., None]).real
+    if return_state:
+      # h_{T-1} = sum_s exp(dt A (T - 1 - s)) Bbar u_s (+ the decayed h0).
+      state = jnp.einsum("dns,bsd->bdn", jnp.flip(vand, -1), uf.astype(bbar.dtype)) * bbar
+      if initial_state is not None:
+        state = state + jnp.exp(dtA * t) * h0
+    y = jnp.swapaxes(y, 1, 2)
+    if bidirectional:
+      k_bwd = _kernel(dtA, C[1].astype(bbar.dtype) * bbar, t)
+      yb = _fft_conv(jnp.flip(jnp.swapaxes(uf, 1, 2), -1), k_bwd)
+      yb = jnp.pad(yb, ((0, 0), (0, 0), (1, 0)))[..., :t]  # only strictly later tokens
+      y = y + jnp.swapaxes(jnp.flip(yb, -1), 1, 2)
+  else:
+    scan_form = "chunk" if form == "fft" else form
+    a = jnp.broadcast_to(jnp.exp(dtA), (bsz, t, d, n))
+    b = uf[..., None] * bbar
+    kw = dict(form=scan_form, chunk_size=chunk_size, segment_ids=segment_ids)
+    h, state = scan_lib.linear_scan(a, b, h0=initial_state, return_state=True, **kw)
+    y = 2 * jnp.einsum("btdn,dn->btd", h, c_fwd).real
+    if bidirectional:
+      hb = scan_lib.linear_scan(a, b, reverse=True, **kw)
+      # Read the backward state of the next token, within the same segment.
+      hb = jnp.pad(hb[:, 1:], ((0, 0), (0, 1), (0, 0), (0, 0)))
+      yb = 2 * jnp.einsum("btdn,dn->btd", hb, C[1].astype(hb.dtype)).real
+      if segment_ids is not None:
+        next_starts = jnp.pad(common.segment_starts(segment_ids)[:, 1:], ((0, 0), (0, 1)))
+        yb = jnp.where(next_starts[..., None], 0, yb)
+      y = y + yb
+  if D is not None:
+    y = y + uf * D.astype(acc)
+  y = y.astype(u.dtype)
+  return (y, state) if return_state else y
+
+
+def s4d_step(
+    u: Array,
+    A_real: Array,
+    A_imag: Array,
+    B: Array,
+    C: Array,
+    log_dt: Array,
+    D: Array | None = None,
+    *,
+    state: Array | None = None,
+):
+  """One token of a causal :func:`s4d`.
+
+  Args:
+    u: ``[B, D]``; A_real, A_imag, B, C: ``[D, N]``; log_dt: ``[D]``; D: optional ``[D]``.
+    state: ``[B, D, N]`` complex, or None (zeros).
+
+  Returns:
+    ``(y, new_state)``: ``y`` ``[B, D]`` in the dtype of ``u``, ``new_state``
+    ``[B, D, N]`` complex.
+  """
+  common.check_rank("u", u, 2)
+  common.check_float("u", u)
+  d, n = _check_s4d_params(A_real, A_imag, B, C, log_dt, D, u.shape[1], False)
+  dtA, bbar = s4d_discretize(A_real, A_imag, B, log_dt)
+  acc = scan_lib.acc_dtype(u.dtype, A_real.dtype)
+  uf = u.astype(acc)
+  h = uf[..., None] * bbar
+  if state is not None:
+    common.check_shape("state", state, (u.shape[0], d, n), "[B, D, N]")
+    h = h + jnp.exp(dtA) * state.astype(bbar.dtype)
+  y = 2 * jnp.einsum("bdn,dn->bd", h, C.astype(h.dtype)).real
+  if D is not None:
+    y = y + uf * D.astype(acc)
+  return y.astype(u.dtype), h
+
+
+# ------------------------------------------------------------------ selective scan
+
+
+def _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+  lead = x.shape[:-1]
+  for name, p in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
+    common.check_float(name, p)
+  common.check_shape("dt", dt, x.shape, "the shape of x")
+  d = x.shape[-1]
+  common.check_rank("A", A, 2)
+  common.check_shape("A", A, (d, None), "[D, N] with D the channels of x")
+  n = A.shape[1]
+  rank = len(lead) + 1
+  if jnp.ndim(B) == rank:
+    common.check_shape("B", B, lead + (n,), "[..., N] with N from A")
+    groups = 1
+  else:
+    common.check_shape("B", B, lead + (None, n), "[..., G, N] (grouped) with N from A")
+    groups = B.shape[-2]
+  if jnp.shape(C) != jnp.shape(B):
+    raise ValueError(
+        f"C must have the shape of B {list(B.shape)} (same number of groups), got "
+        f"{list(jnp.shape(C))}.")
+  if d % groups:
+    raise ValueError(f"B and C have {groups} groups, which must divide the {d} channels of x.")
+  if D is not None:
+    common.check_shape("D", D, (d,), "[D]")
+  if z is not None:
+    common.check_shape("z", z, x.shape, "the shape of x")
+  if dt_bias is not None:
+    common.check_shape("dt_bias", dt_bias, (d,), "[D]")
+  _check_nonpositive("A", A, "Mamba's A is negative real")
+  if not dt_softplus and _concrete(dt) and (dt_bias is None or _concrete(dt_bias)):
+    delta = np.asarray(dt, np.float64) + (0 if dt_bias is None else np.asarray(dt_bias, np.float64))
+    if delta.size and delta.min() < 0:
+      raise ValueError(
+          f"dt (+ dt_bias) must be >= 0 when dt_softplus=False, got a minimum of {delta.min()}.")
+  return d, n, groups
+
+
+def _bc(p, d, rank):
+  """B or C as ``[..., D, N]``-broadcastable: shared ``[..., 1, N]`` or per group expanded."""
+  if p.ndim == rank:  # not grouped: one vector shared by every channel
+    return p[..., None, :]
+  return jnp.repeat(p, d // p.shape[-2], axis=-2)
+
+
+def _delta(dt, dt_bias, dt_softplus, acc):
+  delta = dt.astype(acc)
+  if dt_bias is not None:
+    delta = delta + dt_bias.astype(acc)
+  return jax.nn.softplus(delta) if dt_softplus else delta
+
+
+def _finish(y, x, D, z, acc):
+  if D is not None:
+    y = y + x.astype(acc) * D.astype(acc)
+  if z is not None:
+    y = y * jax.nn.silu(z.astype(acc))
+  return y.astype(x.dtype)
+
+
+def selective_scan(
+    x: Array,
+    dt: Array,
+    A: Array,
+    B: Array,
+    C: Array,
+    D: Array | None = None,
+    z: Array | None = None,
+    *,
+    dt_bias: Array | None = None,
+    dt_softplus: bool = True,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+):
+  """Mamba-1's selective scan.
+
+  ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t`` per channel (state ``[D, N]``),
+  ``y_t = <C_t, h_t> + D x_t``, then ``y_t * silu(z_t)``.
+
+  Args:
+    x: ``[B, T, D]`` inputs.
+    dt: ``[B, T, D]`` steps (before ``dt_bias`` and softplus).
+    A: ``[D, N]`` real, ``<= 0``.
+    B, C: ``[B, T, N]`` (shared by all channels) or ``[B, T, G, N]`` with ``G``
+      dividing ``D`` (channel ``d`` reads group ``d // (D / G)``).
+    D: optional ``[D]`` skip; z: optional ``[B, T, D]`` gate.
+    dt_bias: optional ``[D]`` added to ``dt``.
+    dt_softplus: apply softplus to ``dt + dt_bias``; without it they must be ``>= 0``.
+    form: ``"chunk"`` (default; the elementwise scan engine, chunked),
+      ``"associative"``, ``"recurrent"`` (``lax.scan``, state only) or
+      ``"decay"`` (the diagonal-decay engine, one head per channel).
+    chunk_size: chunk length of the chunk and decay forms.
+    initial_state: optional ``[B, D, N]``.
+    return_state: also return the final state.
+    segment_ids: optional ``[B, T]`` ints; the state is reset at each new segment.
+
+  Returns:
+    ``y`` ``[B, T, D]`` in the dtype of ``x``, or ``(y, state)`` with ``state``
+    ``[B, D, N]`` float32.
+  """
+  common.check_rank("x", x, 3)
+  d, n, _ = _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+  bsz, t, _ = x.shape
+  common.check_choice("form", form, SELECTIVE_FORMS)
+  common.check_positive_int("chunk_size", chunk_size)
+  common.check_segment_ids(segment_ids, bsz, t)
+  if initial_state is not None:
+    common.check_shape("initial_state", initial_state, (bsz, d, n), "[B, D, N]")
+    common.check_float("initial_state", initial_state)
+
+  acc = scan_lib.acc_dtype(x.dtype, A.dtype)
+  delta = _delta(dt, dt_bias, dt_softplus, acc)
+  A = A.astype(acc)
+  dx = delta * x.astype(acc)  # [B, T, D]
+  h0 = None if initial_state is None else initial_state.astype(acc)
+
+  if form == "recurrent":
+    y, state = _selective_recurrent(delta, dx, A, B.astype(acc), C.astype(acc), h0, segment_ids)
+  elif form == "decay":
+    bx = jnp.broadcast_to(_bc(B.astype(acc), d, 3), (bsz, t, d, n))
+    cx = jnp.broadcast_to(_bc(C.astype(acc), d, 3), (bsz, t, d, n))
+    y, state = decay_lib.decay_linear_attention(
+        cx, bx, dx[..., None], delta[..., None] * A, scale=1.0, form="chunk",
+        chunk_size=chunk_size, initial_state=None if h0 is None else h0[..., None],
+        return_state=True, segment_ids=segment_ids)
+    y, state = y[..., 0], state[..., 0]
+  else:
+    a = jnp.exp(delta[..., None] * A)
+    b = dx[..., None] * _bc(B.astype(acc), d, 3)
+    h, state = scan_lib.linear_scan(a, b, h0=h0, form=form, chunk_size=chunk_size,
+                                    segment_ids=segment_ids, return_state=True)
+    y = jnp.sum(h * _bc(C.astype(acc), d, 3), axis=-1)
+  y = _finish(y, x, D, z, acc)
+  return (y, state) if return_state else y
+
+
+def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids):
+  """``lax.scan`` that keeps only the ``[B, D, N]`` state (no ``[B, T, D, N]`` tensor)."""
+  bsz, t, d = dx.shape
+  state = jnp.zeros((bsz, d, A.shape[1]), dx.dtype) if h0 is None else h0
+  starts = (jnp.zeros((bsz, t), bool) if segment_ids is None
+            else common.segment_starts(segment_ids))
+
+  def body(h, xs):
+    delta_t, dx_t, b_t, c_t, start = xs
+    h = jnp.where(start[:, None, None], 0, h)
+    h = jnp.exp(delta_t[..., None] * A) * h + dx_t[..., None] * _bc(b_t, d, 2)
+    return h, jnp.sum(h * _bc(c_t, d, 2), axis=-1)
+
+  move = lambda v: jnp.moveaxis(v, 1, 0)
+  state, y = lax.scan(body, state, (move(delta), move(dx), move(B), move(C), starts.T))
+  return move(y), state
+
+
+def selective_scan_step(
+    x: Array,
+    dt: Array,
+    A: Array,
+    B: Array,
+    C: Array,
+    D: Array | None = None,
+    z: Array | None = None,
+    *,
+    state: Array | None = None,
+    dt_bias: Array | None = None,
+    dt_softplus: bool = True,
+):
+  """One token of :func:`selective_scan`.
+
+  Args:
+    x, dt: ``[B, D]``; A: ``[D, N]``; B, C: ``[B, N]`` or ``[B, G, N]``;
+    D: optional ``[D]``; z: optional ``[B, D]``.
+    state: ``[B, D, N]`` float32, or None (zeros).
+    dt_bias, dt_softplus: as in :func:`selective_scan`.
+
+  Returns:
+    ``(y, new_state)``: ``y`` ``[B, D]`` in the dtype of ``x``, ``new_state``
+    ``[B, D, N]`` float32.
+  """
+  common.check_rank("x", x, 2)
+  d, n, _ = _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+  acc = scan_lib.acc_dtype(x.dtype, A.dtype)
+  delta = _delta(dt, dt_bias, dt_softplus, acc)
+  h = (delta * x.astype(acc))[..., None] * _bc(B.astype(acc), d, 2)
+  if state is not None:
+    common.check_shape("state", state, (x.shape[0], d, n), "[B, D, N]")
+    h = h + jnp.exp(delta[..., None] * A.astype(acc)) * state.astype(acc)
+  y = jnp.sum(h * _bc(C.astype(acc), d, 2), axis=-1)
+  return _finish(y, x, D, z, acc), h
