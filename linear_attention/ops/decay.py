@@ -40,6 +40,8 @@ from linear_attention.ops import common
 Array = jax.Array
 
 _SUBCHUNK = 16
+# Chunks per block of the chunk form's outer scan (see _chunk).
+_BLOCK_CHUNKS = 16
 
 
 def _acc_dtype(dtype) -> jnp.dtype:
@@ -294,8 +296,42 @@ def _intra_scores_vector(q, k, gc):
   return off + diag
 
 
-def _chunk(qh, kh, vh, g, s0, seg, chunk_size):
-  """Chunkwise-parallel form; inputs ``[B, H, T, *]``."""
+def _chunk(qh, kh, vh, g, s0, seg, chunk_size, block_chunks=_BLOCK_CHUNKS):
+  """Chunkwise-parallel form; inputs ``[B, H, T, *]``.
+
+  Long sequences go through in blocks of ``block_chunks`` chunks, one block
+  per ``lax.scan`` step with the state carried: the work per token stays the
+  same at any length and each block's working set stays in cache.
+  """
+  t, c = qh.shape[2], chunk_size
+  block = c * block_chunks
+  if t <= block:
+    return _chunk_block(qh, kh, vh, g, s0, seg, c, None)
+  pad = lambda x: common.pad_axis(x, block, axis=2)
+  n = pad(qh).shape[2] // block
+  split = lambda x: None if x is None else jnp.moveaxis(
+      pad(x).reshape(x.shape[:2] + (n, block) + x.shape[3:]), 2, 0)
+  segb = None
+  if seg is not None:
+    segp = common.pad_segment_ids(seg, block).reshape(seg.shape[0], n, block)
+    prev = jnp.concatenate([segp[:, :1, 0], segp[:, :-1, -1]], axis=1)  # [B, n]
+    segb = (jnp.moveaxis(segp, 1, 0), prev.T)
+
+  def body(state, x):
+    q_b, k_b, v_b, g_b, seg_b = x
+    o_b, state = _chunk_block(q_b, k_b, v_b, g_b, state, None if seg_b is None else seg_b[0], c,
+                              None if seg_b is None else seg_b[1])
+    return state, o_b
+
+  init = _zero_state(qh, vh) if s0 is None else s0
+  state, o = lax.scan(body, init, (split(qh), split(kh), split(vh), split(g), segb))
+  o = jnp.moveaxis(o, 0, 2)
+  return o.reshape(o.shape[:2] + (n * block,) + o.shape[4:])[:, :, :t], state
+
+
+def _chunk_block(qh, kh, vh, g, s0, seg, chunk_size, seg_prev):
+  """One block of the chunk form; ``seg_prev [B]`` is the segment index of the
+  token before the block (None: the block starts a row)."""
   b, h, t, dk = qh.shape
   dv = vh.shape[-1]
   c = chunk_size
@@ -308,7 +344,8 @@ def _chunk(qh, kh, vh, g, s0, seg, chunk_size):
   causal = jnp.tril(jnp.ones((c, c), bool))
   if seg is not None:
     segp = common.pad_segment_ids(seg, c).reshape(b, 1, n, c)
-    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
+    first = segp[:, :, :1, 0] if seg_prev is None else seg_prev[:, None, None]
+    prev_end = jnp.concatenate([first, segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
     mask = causal & _same_segment(segp, segp)
     sees_state = (segp == prev_end[..., None])[..., None]  # [B,1,N,C,1]
     to_end = (segp == segp[..., -1:])[..., None]

@@ -28,6 +28,7 @@ functions.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -234,6 +235,19 @@ def s4d(
   if initial_state is not None:
     common.check_shape("initial_state", initial_state, (bsz, d, n), "[B, D, N]")
 
+  y, state = _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids,
+                       form=form, bidirectional=bidirectional, chunk_size=chunk_size,
+                       return_state=return_state)
+  return (y, state) if return_state else y
+
+
+# Jitted so that eager calls compile once per configuration.
+@functools.partial(jax.jit, static_argnames=("form", "bidirectional", "chunk_size",
+                                             "return_state"))
+def _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids, *, form,
+              bidirectional, chunk_size, return_state):
+  bsz, t, d = u.shape
+  n = A_real.shape[1]
   acc = scan_lib.acc_dtype(u.dtype, A_real.dtype)
   dtA, bbar = s4d_discretize(A_real, A_imag, B, log_dt)
   uf = u.astype(acc)
@@ -276,8 +290,7 @@ def s4d(
       y = y + yb
   if D is not None:
     y = y + uf * D.astype(acc)
-  y = y.astype(u.dtype)
-  return (y, state) if return_state else y
+  return y.astype(u.dtype), state
 
 
 def s4d_step(
@@ -432,6 +445,17 @@ def selective_scan(
     common.check_shape("initial_state", initial_state, (bsz, d, n), "[B, D, N]")
     common.check_float("initial_state", initial_state)
 
+  y, state = _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids,
+                             dt_softplus=dt_softplus, form=form, chunk_size=chunk_size)
+  return (y, state) if return_state else y
+
+
+# Jitted so that eager calls compile once per configuration.
+@functools.partial(jax.jit, static_argnames=("dt_softplus", "form", "chunk_size"))
+def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *,
+                    dt_softplus, form, chunk_size):
+  bsz, t, d = x.shape
+  n = A.shape[1]
   acc = scan_lib.acc_dtype(x.dtype, A.dtype)
   delta = _delta(dt, dt_bias, dt_softplus, acc)
   A = A.astype(acc)
@@ -454,8 +478,7 @@ def selective_scan(
     h, state = scan_lib.linear_scan(a, b, h0=h0, form=form, chunk_size=chunk_size,
                                     segment_ids=segment_ids, return_state=True)
     y = jnp.sum(h * _bc(C.astype(acc), d, 3), axis=-1)
-  y = _finish(y, x, D, z, acc)
-  return (y, state) if return_state else y
+  return _finish(y, x, D, z, acc), state
 
 
 def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids):

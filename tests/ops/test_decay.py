@@ -219,3 +219,17 @@ def test_bad_inputs():
     f(q, k, v, g, initial_state=s0[..., :2])
   with pytest.raises(ValueError, match="state must have shape"):
     ops.decay_linear_attention_step(q[:, 0], k[:, 0], v[:, 0], s0[:, :1])
+
+
+@pytest.mark.parametrize("decay", ["none", "vector"])
+def test_long_sequence_runs_in_blocks(decay):
+  """T beyond one block of the chunk form's outer scan (16 chunks), with segments
+  whose boundaries fall inside and at the edges of blocks."""
+  t = 300
+  q, k, v, g, s0 = make(decay, t=t, strength=0.3)
+  seg = jnp.array([[0] * 128 + [1] * 100 + [2] * 72, [3] * 300])
+  want_o, want_s = reference(q, k, v, g, s0, seg)
+  o, s = ops.decay_linear_attention(q, k, v, g, chunk_size=8, initial_state=s0,
+                                    segment_ids=seg, return_state=True)
+  assert_close(o, want_o, 1e-4, 1e-4)
+  assert_close(s, want_s, 1e-4, 1e-4)

@@ -1,0 +1,71 @@
+"""Linformer attention against a plain float32 reference."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from linear_attention.ops.lowrank import linformer_attention
+from linear_attention.ops.softmax import softmax_attention
+from tests.helpers import (BF16_ATOL, BF16_RTOL, assert_close, assert_tree_close, grads_of, keys,
+                           rand)
+
+B, T, H, D, DV, P = 2, 37, 2, 8, 6, 5
+
+
+def inputs(seed, dtype=jnp.float32):
+  kq, kk, kv, ke, kf = keys(seed, 5)
+  return (rand(kq, (B, T, H, D), dtype), rand(kk, (B, T, H, D), dtype),
+          rand(kv, (B, T, H, DV), dtype), rand(ke, (P, T), dtype, T**-0.5),
+          rand(kf, (P, T), dtype, T**-0.5))
+
+
+def reference(q, k, v, E, F):
+  f = lambda x: x.astype(jnp.float32)
+  kp = jnp.einsum("pt,bthd->bphd", f(E), f(k))
+  vp = jnp.einsum("pt,bthd->bphd", f(F), f(v))
+  p = jax.nn.softmax(jnp.einsum("bqhd,bphd->bhqp", f(q), kp) * D**-0.5, axis=-1)
+  return jnp.einsum("bhqp,bphd->bqhd", p, vp)
+
+
+def test_matches_reference_forward_and_grad():
+  args = inputs(0)
+  assert_close(linformer_attention(*args), reference(*args), 1e-5, 1e-5)
+  grads = jax.jit(lambda fn, *a: grads_of(fn, a, (0, 1, 2, 3, 4)), static_argnums=0)
+  assert_tree_close(grads(linformer_attention, *args), grads(reference, *args), 1e-4, 1e-5)
+
+
+def test_identity_projection_is_softmax_attention():
+  """With E = F = I (P = T) Linformer is exact non-causal softmax attention."""
+  q, k, v, _, _ = inputs(1)
+  eye = jnp.eye(T)
+  assert_close(linformer_attention(q, k, v, eye, eye, scale=0.4),
+               softmax_attention(q, k, v, scale=0.4), 1e-5, 1e-5)
+
+
+def test_bfloat16_jit_vmap():
+  args = inputs(2, jnp.bfloat16)
+  fn = jax.jit(linformer_attention)
+  o = fn(*args)
+  assert o.dtype == jnp.bfloat16
+  assert_close(o, reference(*args), BF16_RTOL, BF16_ATOL)
+  q, k, v, E, F = args
+  vm = jax.vmap(lambda q, k, v: fn(q[None], k[None], v[None], E, F)[0])
+  assert_close(vm(q, k, v), o, 1e-6, 1e-6)
+
+
+def test_errors():
+  q, k, v, E, F = inputs(3)
+  with pytest.raises(ValueError, match="causal Linformer is not defined"):
+    linformer_attention(q, k, v, E, F, causal=True)
+  with pytest.raises(ValueError, match="does not support segment_ids"):
+    linformer_attention(q, k, v, E, F, segment_ids=jnp.zeros((B, T), jnp.int32))
+  with pytest.raises(ValueError, match=r"E must have shape \[5, 37\].*got \[5, 36\]"):
+    linformer_attention(q, k, v, E[:, :-1], F)
+  with pytest.raises(ValueError, match=r"F must have shape \[5, 37\].*got \[4, 37\]"):
+    linformer_attention(q, k, v, E, F[:4])
+  with pytest.raises(ValueError, match="E must have rank 2"):
+    linformer_attention(q, k, v, E[None], F)
+  with pytest.raises(ValueError, match="k must have shape"):
+    linformer_attention(q, k[:, :3], v, E, F)
