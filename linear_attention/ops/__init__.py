@@ -20,3 +20,37 @@ from linear_attention.ops.sparse import (
     sliding_window_attention,
     sliding_window_step,
 )
+from linear_attention.ops.conv import causal_conv1d, causal_conv1d_step
+from linear_attention.ops.delta import (
+    delta_rule,
+    delta_rule_step,
+    deltanet,
+    deltanet_step,
+    gated_deltanet,
+    gated_deltanet_step,
+)
+from linear_attention.ops.gated import (
+    gla,
+    gla_step,
+    hgrn2,
+    hgrn2_step,
+    retention,
+    retention_step,
+    retnet_gammas,
+    rwkv6,
+    rwkv6_step,
+    ssd,
+    ssd_step,
+)
+from linear_attention.ops.rglru import rg_lru, rg_lru_step
+from linear_attention.ops.scan import SCAN_FORMS, linear_scan
+from linear_attention.ops.ssm import (
+    s4d,
+    s4d_discretize,
+    s4d_init,
+    s4d_kernel,
+    s4d_log_dt_init,
+    s4d_step,
+    selective_scan,
+    selective_scan_step,
+)

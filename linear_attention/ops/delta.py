@@ -22,7 +22,9 @@ Forms (all agree; the tests prove it):
 
 * ``recurrent``: ``lax.scan`` over tokens through the step, the reference.
 * ``parallel``: the explicit ``T x T`` attention matrix
-  ``P = A (I + L)^{-1} diag(beta)`` (see below); quadratic, for short inputs.
+  ``P = A (I + L)^{-1} diag(beta)`` (see below), with the inverse by forward
+  substitution; quadratic, for short inputs (a separate code path to check
+  the chunk form against).
 * ``chunk`` (default): the WY / UT-transform chunkwise algorithm, linear in T.
 
 The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
@@ -30,15 +32,16 @@ the in-chunk cumulative log decay up to token ``i`` (inclusive) and write the
 update as ``S_i = a_i S_{i-1} + k_i d_i^T`` with the pseudo-value
 ``d_i = beta_i (v_i - a_i S_{i-1}^T k_i)``. Unrolling ``S_{i-1}`` gives the
 lower-triangular system ``(I + L) D = diag(beta) V - diag(beta e^G) K S_0``
-with ``L_ij = beta_i e^{G_i - G_j} k_i . k_j`` for ``j < i``. One triangular
-solve per chunk gives ``U = (I + L)^{-1} diag(beta) V`` and
+with ``L_ij = beta_i e^{G_i - G_j} k_i . k_j`` for ``j < i``. Inverting
+``I + L`` once per chunk (the UT transform) gives ``U = (I + L)^{-1} diag(beta) V`` and
 ``W = (I + L)^{-1} diag(beta e^G) K``, so ``D = U - W S_0``; then
 
     O   = (Q e^G) S_0 + (Q K^T * e^{G_i - G_j} * [j <= i]) D
     S_C = e^{G_C} S_0 + (K e^{G_C - G})^T D.
 
-Everything except ``D = U - W S_0`` and the state update is computed for all
-chunks at once (matmuls); the scan over chunks does two ``[C, K] x [K, V]``
+The inverse ``(I + L)^{-1}`` is built by recursive block inversion (matmuls
+only). Everything except ``D = U - W S_0`` and the state update is computed for
+all chunks at once (matmuls); the scan over chunks does two ``[C, K] x [K, V]``
 matmuls per chunk. Every decay factor is ``exp`` of a difference of cumulative
 log decays taken with the later position first (masked to ``-inf`` before the
 ``exp`` elsewhere), so it is ``<= 1``: log decays down to -20 per step
@@ -70,24 +73,26 @@ def _acc_dtype(dtype) -> jnp.dtype:
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def _is_concrete(x) -> bool:
-  """True when the values of ``x`` can be read now (not traced under jit/grad/vmap)."""
-  return not isinstance(x, jax.core.Tracer)
+def _concrete_values(x) -> np.ndarray | None:
+  """The values of ``x`` as float32 numpy, or None when traced (under jit/grad/vmap)."""
+  try:
+    return np.asarray(x, np.float32)
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return None
 
 
 def _check_beta(beta: Array, expected, what: str) -> None:
   """Shape, dtype and, when concrete, the range ``0 <= beta <= 2``."""
   common.check_float("beta", beta)
   common.check_shape("beta", beta, expected, what)
-  if _is_concrete(beta):
-    values = np.asarray(beta, np.float32)
-    # Written so that NaN fails too.
-    if values.size and not np.all((values >= 0) & (values <= 2)):
-      raise ValueError(
-          "beta must lie in [0, 2] (the transition I - beta k k^T is then "
-          f"non-expansive for unit keys), got values in [{np.nanmin(values)}, "
-          f"{np.nanmax(values)}]."
-      )
+  values = _concrete_values(beta)
+  # Written so that NaN fails too.
+  if values is not None and values.size and not np.all((values >= 0) & (values <= 2)):
+    raise ValueError(
+        "beta must lie in [0, 2] (the transition I - beta k k^T is then "
+        f"non-expansive for unit keys), got values in [{np.nanmin(values)}, "
+        f"{np.nanmax(values)}]."
+    )
 
 
 def _check_log_decay(log_decay: Array | None, expected, what: str) -> None:
@@ -96,13 +101,12 @@ def _check_log_decay(log_decay: Array | None, expected, what: str) -> None:
     return
   common.check_float("log_decay", log_decay)
   common.check_shape("log_decay", log_decay, expected, what)
-  if _is_concrete(log_decay):
-    values = np.asarray(log_decay, np.float32)
-    if values.size and not np.all(values <= 0):
-      raise ValueError(
-          "log_decay must be <= 0 (a decay in log space), got a maximum of "
-          f"{np.nanmax(values)}."
-      )
+  values = _concrete_values(log_decay)
+  if values is not None and values.size and not np.all(values <= 0):
+    raise ValueError(
+        "log_decay must be <= 0 (a decay in log space), got a maximum of "
+        f"{np.nanmax(values)}."
+    )
 
 
 def _check_inputs(q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids):
@@ -289,11 +293,54 @@ def _pair_decay(gc, incl):
   return jnp.exp(jnp.where(incl, diff, -jnp.inf))
 
 
-def _solve_unit_lower(l, rhs):
-  """``(I + l)^{-1} rhs`` for strictly lower-triangular ``l [..., n, n]``."""
-  eye = jnp.eye(l.shape[-1], dtype=l.dtype)
-  return lax.linalg.triangular_solve(
-      l + eye, rhs, left_side=True, lower=True, unit_diagonal=True)
+def _unit_lower_inverse(l):
+  """``(I + l)^{-1}`` for strictly lower-triangular ``l [..., n, n]``, matmuls only.
+
+  Recursive block inversion: starting from the ``1 x 1`` diagonal blocks, pairs
+  of inverted blocks ``A^{-1}, D^{-1}`` with coupling ``C`` (the block of ``l``
+  below ``A``) merge into ``[[A^{-1}, 0], [-D^{-1} C A^{-1}, D^{-1}]]``;
+  ``log2(n)`` levels of batched matmuls. Used instead of a triangular solve,
+  whose CPU custom call is slow and can deadlock XLA's thread pool when two
+  run at once (as in the backward pass).
+  """
+  n = l.shape[-1]
+  p = 1 << (n - 1).bit_length()
+  if p != n:  # Pad to a power of two; the padding block stays the identity.
+    l = jnp.pad(l, [(0, 0)] * (l.ndim - 2) + [(0, p - n), (0, p - n)])
+  lead = l.shape[:-2]
+  mm = functools.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+  inv = jnp.ones(lead + (p, 1, 1), l.dtype)  # [..., blocks, s, s]
+  s = 1
+  while s < p:
+    nb = p // (2 * s)
+    pairs = inv.reshape(lead + (nb, 2, s, s))
+    a_inv, d_inv = pairs[..., 0, :, :], pairs[..., 1, :, :]
+    # Lower-left s x s block of each 2s x 2s diagonal block of l.
+    c = l.reshape(lead + (nb, 2, s, nb, 2, s))[..., :, 1, :, :, 0, :]
+    c = jnp.moveaxis(jnp.diagonal(c, axis1=-4, axis2=-2), -1, -3)  # [..., nb, s, s]
+    low = -mm(d_inv, mm(c, a_inv))
+    top = jnp.concatenate([a_inv, jnp.zeros_like(a_inv)], axis=-1)
+    inv = jnp.concatenate([top, jnp.concatenate([low, d_inv], axis=-1)], axis=-2)
+    s *= 2
+  return inv.reshape(lead + (p, p))[..., :n, :n]
+
+
+def _unit_lower_inverse_rows(l):
+  """``(I + l)^{-1}`` by forward substitution, one row at a time (reference path).
+
+  Row ``i`` of the inverse is ``e_i - l_i X`` where only the already final rows
+  ``< i`` of ``X`` meet the nonzeros of ``l_i``. ``O(n)`` sequential steps: for
+  the parallel form's short inputs only.
+  """
+  n = l.shape[-1]
+  eye = jnp.eye(n, dtype=l.dtype)
+
+  def row(i, x):
+    new = eye[i] - jnp.einsum("...j,...jk->...k", l[..., i, :], x,
+                              precision=lax.Precision.HIGHEST)
+    return x.at[..., i, :].set(new)
+
+  return lax.fori_loop(0, n, row, jnp.zeros_like(l))
 
 
 def _parallel(qh, kh, vh, bh, g, s0, seg):
@@ -315,8 +362,7 @@ def _parallel(qh, kh, vh, bh, g, s0, seg):
     kk, qk = kk * decay, qk * decay
   l = jnp.where(strict, bh[..., :, None] * kk, 0.0)
   a = jnp.where(incl, qk, 0.0)
-  eye = jnp.broadcast_to(jnp.eye(t, dtype=qh.dtype), l.shape)
-  inv = _solve_unit_lower(l, eye)  # (I + L)^{-1}, lower triangular
+  inv = _unit_lower_inverse_rows(l)  # (I + L)^{-1}, lower triangular
   p = jnp.einsum("bhij,bhjl->bhil", a, inv) * bh[..., None, :]
   o = jnp.einsum("bhil,bhlv->bhiv", p, vh)
 
@@ -379,10 +425,10 @@ def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
     kk, qk = kk * decay, qk * decay
   l = jnp.where(strict, bc[..., :, None] * kk, 0.0)
   a = jnp.where(incl, qk, 0.0)
+  inv = _unit_lower_inverse(l)  # the UT transform (I + L)^{-1}, [B, H, N, C, C]
   beta_col = bc[..., None]
-  uw = _solve_unit_lower(
-      l, jnp.concatenate([beta_col * vc, beta_col * gamma * sees_state * kc], axis=-1))
-  u, w = uw[..., :dv], uw[..., dv:]  # [B,H,N,C,V], [B,H,N,C,K]
+  u = jnp.einsum("bhnij,bhnjv->bhniv", inv, beta_col * vc)
+  w = jnp.einsum("bhnij,bhnjk->bhnik", inv, beta_col * gamma * sees_state * kc)
   k_end = kc * gamma_to_end * to_end
   chunk_decay = chunk_decay * carries
 
@@ -424,8 +470,9 @@ def deltanet(
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
 ):
-  """DeltaNet: ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale S_t^T q_t``.
+  """DeltaNet: ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``.
 
+  ``o_t = scale S_t^T q_t``.
   Schlag et al. 2021, "Linear Transformers Are Secretly Fast Weight
   Programmers"; chunkwise training from Yang et al. 2024, "Parallelizing
   Linear Transformers with the Delta Rule over Sequence Length".

@@ -95,7 +95,7 @@ def gla_step(q: Array, k: Array, v: Array, state: Array, log_g: Array, *,
 
 
 def retnet_gammas(num_heads: int) -> Array:
-  """RetNet's multi-scale decays ``gamma_h = 1 - 2 ** (-5 - h)``, ``h < num_heads``: ``[H]`` float32.
+  """RetNet's multi-scale decays ``gamma_h = 1 - 2 ** (-5 - h)`` for ``h < H``: ``[H]`` float32.
 
   From ``h = 20`` on, ``gamma_h`` rounds to 1 in float32; :func:`retention`
   with ``gamma=None`` takes the logs in float64 and stays exact.

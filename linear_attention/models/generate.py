@@ -1,0 +1,95 @@
+"""Autoregressive generation with the recurrent / KV cache, compiled once.
+
+The model is split into a graph definition (static) and its state (traced),
+merged again inside ``jax.jit``; the prompt is fed token by token through
+``decode_step`` (a ``lax.scan``), then new tokens are sampled in a second scan.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from linear_attention.nn.base import RandomFeatures
+
+Array = jax.Array
+
+
+def sample_logits(logits: Array, key: Array, *, temperature: float = 1.0,
+                  top_k: int | None = None) -> Array:
+  """Samples ``[B]`` token ids from ``logits [B, V]``; ``temperature=0`` is greedy."""
+  logits = logits.astype(jnp.float32)
+  if temperature == 0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  logits = logits / temperature
+  if top_k is not None:
+    kth = lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature",
+                                             "top_k", "cache_dtype"))
+def _generate(graphdef, state, prompt, key, *, max_new_tokens, temperature, top_k, cache_dtype):
+  model = nnx.merge(graphdef, state)
+  b, tp = prompt.shape
+  cache = model.init_cache(b, tp + max_new_tokens, cache_dtype)
+
+  def feed(cache, tok):
+    logits, cache = model.decode_step(tok, cache)
+    return cache, logits
+
+  cache, logits = lax.scan(feed, cache, prompt.T)
+
+  def step(carry, k):
+    logits, cache = carry
+    tok = sample_logits(logits, k, temperature=temperature, top_k=top_k)
+    logits, cache = model.decode_step(tok, cache)
+    return (logits, cache), tok
+
+  _, new = lax.scan(step, (logits[-1], cache), jax.random.split(key, max_new_tokens))
+  return jnp.concatenate([prompt.astype(jnp.int32), new.T], axis=1)
+
+
+def generate(model: nnx.Module, prompt: Array, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, key: Array | None = None, cache_dtype=None) -> Array:
+  """Extends ``prompt [B, Tp]`` by ``max_new_tokens`` sampled tokens.
+
+  Args:
+    model: a :class:`~linear_attention.models.lm.LanguageModel` (anything with
+      ``init_cache(batch, max_len, dtype)`` and ``decode_step(tokens, cache)``).
+    prompt: ``[B, Tp]`` int token ids, ``Tp >= 1``.
+    max_new_tokens: tokens to add.
+    temperature: softmax temperature; 0 means greedy.
+    top_k: sample among the ``top_k`` most likely tokens only.
+    key: PRNG key (needed unless greedy).
+    cache_dtype: storage dtype of KV caches (default: the parameter dtype).
+
+  Returns:
+    ``[B, Tp + max_new_tokens]`` int32: the prompt then the new tokens.
+  """
+  if prompt.ndim != 2 or prompt.shape[1] < 1:
+    raise ValueError(f"prompt must have shape [B, Tp] with Tp >= 1, got {list(prompt.shape)}.")
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+  if key is None:
+    if temperature != 0:
+      raise ValueError("key is required when sampling (temperature != 0).")
+    key = jax.random.PRNGKey(0)
+  graphdef, state = nnx.split(model)
+  return _generate(graphdef, state, prompt, key, max_new_tokens=int(max_new_tokens),
+                   temperature=float(temperature), top_k=top_k, cache_dtype=cache_dtype)
+
+
+def redraw_random_features(model: nnx.Module, key: Array) -> int:
+  """Redraws every :class:`RandomFeatures` projection in ``model``; returns how many."""
+  n = 0
+  for _, node in nnx.iter_graph(model):
+    if isinstance(node, RandomFeatures):
+      node.redraw(jax.random.fold_in(key, n))
+      n += 1
+  return n

@@ -1,0 +1,232 @@
+"""Causal language model and sequence classifier over a stack of mixer blocks.
+
+A stack is one mixer repeated (``mixer="gla"``) or a hybrid pattern of
+letters (``pattern="RRL"``: Griffin's two recurrent blocks per local
+attention; letters in ``linear_attention.nn.PATTERN_LETTERS``), repeated
+cyclically to ``num_layers``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from linear_attention.models.blocks import Block
+from linear_attention.nn import base
+from linear_attention.nn import registry
+
+Array = jax.Array
+
+
+def resolve_pattern(num_layers: int | None, mixer: str | None = None,
+                    pattern: str | Sequence[str] | None = None,
+                    letters: Mapping[str, str] | None = None) -> tuple[str, ...]:
+  """The mixer name of every layer.
+
+  Args:
+    num_layers: number of blocks; ``None`` means ``len(pattern)``.
+    mixer: one registry name for every block (when ``pattern`` is None).
+    pattern: a string of letters (``"RRA"``) or a sequence of registry names,
+      repeated cyclically (and truncated) to ``num_layers``.
+    letters: letter -> mixer name; default ``nn.PATTERN_LETTERS``.
+
+  Raises:
+    ValueError: unknown letters or names, or neither/both of ``mixer`` and ``pattern``.
+  """
+  if pattern is None:
+    if mixer is None or num_layers is None:
+      raise ValueError("give mixer= and num_layers=, or a pattern=.")
+    names = (mixer,) * num_layers
+  else:
+    if isinstance(pattern, str):
+      letters = registry.PATTERN_LETTERS if letters is None else letters
+      unknown = sorted(set(c for c in pattern if c not in letters))
+      if unknown:
+        raise ValueError(f"unknown pattern letter(s) {unknown}; valid letters: {dict(letters)}.")
+      unit = tuple(letters[c] for c in pattern)
+    else:
+      unit = tuple(pattern)
+    if not unit:
+      raise ValueError("pattern must not be empty.")
+    n = len(unit) if num_layers is None else num_layers
+    names = tuple(unit[i % len(unit)] for i in range(n))
+  for name in set(names):
+    if name not in registry.MIXERS:
+      raise ValueError(f"unknown mixer {name!r}; valid mixers: {list(registry.MIXERS)}.")
+  return names
+
+
+class Backbone(nnx.Module):
+  """Token embedding, a stack of :class:`Block`, final RMSNorm: tokens -> hidden ``[B, T, D]``.
+
+  ``mixer_kwargs`` maps a mixer name to the keyword arguments of every block
+  using that mixer (e.g. ``{"local": {"window": 128}}``).
+  """
+
+  def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
+               mixer: str | None = "softmax", pattern: str | Sequence[str] | None = None,
+               num_heads: int = 4, mlp_ratio: float = 8 / 3,
+               mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+               pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    names = resolve_pattern(num_layers, mixer, pattern, pattern_letters)
+    mixer_kwargs = dict(mixer_kwargs or {})
+    unknown = sorted(set(mixer_kwargs) - set(registry.MIXERS))
+    if unknown:
+      raise ValueError(f"mixer_kwargs keys must be mixer names, got {unknown}; "
+                       f"valid: {list(registry.MIXERS)}.")
+    self.mixer_names = names
+    self.d_model, self.vocab_size = d_model, vocab_size
+    self.param_dtype = param_dtype
+    self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.blocks = nnx.List([
+        Block(d_model, name, num_heads, mlp_ratio=mlp_ratio,
+              mixer_kwargs=mixer_kwargs.get(name), norm_eps=norm_eps, rngs=rngs, dtype=dtype,
+              param_dtype=param_dtype) for name in names])
+    self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
+                                  param_dtype=param_dtype, rngs=rngs)
+
+  def run(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """Embedded ``x [B, T, D]`` through the blocks and the final norm."""
+    for blk in self.blocks:
+      x = blk(x, segment_ids=segment_ids)
+    return self.final_norm(x)
+
+  def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:
+    """``tokens [B, T]`` int -> hidden ``[B, T, D]``."""
+    return self.run(self.embed(tokens), segment_ids)
+
+  def init_cache(self, batch: int, max_len: int, dtype=None) -> list:
+    """One cache per block (a list pytree)."""
+    dtype = self.param_dtype if dtype is None else dtype
+    return [blk.init_cache(batch, max_len, dtype) for blk in self.blocks]
+
+  def decode_step(self, tokens: Array, cache: list) -> tuple[Array, list]:
+    """``tokens [B]`` -> ``(hidden [B, D], cache)``."""
+    x = self.embed(tokens)
+    new = []
+    for blk, c in zip(self.blocks, cache):
+      x, c = blk.decode_step(x, c)
+      new.append(c)
+    return self.final_norm(x), new
+
+
+class LanguageModel(nnx.Module):
+  """Causal language model: :class:`Backbone` then a (tied or separate) vocabulary head.
+
+  Args:
+    vocab_size: ``V``.
+    d_model: ``D``.
+    num_layers: blocks (``None`` with a pattern: ``len(pattern)``).
+    mixer: registry name of every block, or
+    pattern: hybrid letters such as ``"RRA"`` (see :func:`resolve_pattern`).
+    num_heads, mlp_ratio, mixer_kwargs, pattern_letters: see :class:`Backbone`.
+    tie_embeddings: reuse the embedding matrix as the output head.
+
+  ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
+  ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
+  (logits [B, V], cache)``.
+  """
+
+  def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
+               mixer: str | None = "softmax", pattern: str | Sequence[str] | None = None,
+               num_heads: int = 4, mlp_ratio: float = 8 / 3,
+               mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+               pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
+               norm_eps: float = 1e-6, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
+                             num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
+                             pattern_letters=pattern_letters, norm_eps=norm_eps, rngs=rngs,
+                             dtype=dtype, param_dtype=param_dtype)
+    non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
+    if non_causal:
+      raise ValueError(f"a causal language model cannot use the encoder mixers {non_causal}.")
+    self.tie_embeddings = tie_embeddings
+    self.lm_head = None if tie_embeddings else base.dense(
+        d_model, vocab_size, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+  @property
+  def mixer_names(self) -> tuple[str, ...]:
+    """The mixer of every block, in order."""
+    return self.backbone.mixer_names
+
+  @property
+  def blocks(self):
+    """The blocks of the backbone, in order."""
+    return self.backbone.blocks
+
+  def _logits(self, h):
+    return self.backbone.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+
+  def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:
+    """``tokens [B, T]`` -> logits ``[B, T, V]`` (compute dtype)."""
+    return self._logits(self.backbone(tokens, segment_ids))
+
+  def init_cache(self, batch: int, max_len: int, dtype=None) -> list:
+    """Per-block caches; recurrent states float32, KV caches in ``dtype`` (default: params)."""
+    return self.backbone.init_cache(batch, max_len, dtype)
+
+  def decode_step(self, tokens: Array, cache: list) -> tuple[Array, list]:
+    """``tokens [B]`` int -> ``(logits [B, V], cache)``."""
+    h, cache = self.backbone.decode_step(tokens, cache)
+    return self._logits(h), cache
+
+
+POOLINGS = ("mean", "cls", "last")
+
+
+class SequenceClassifier(nnx.Module):
+  """Sequence classifier: :class:`Backbone`, pooling, linear head.
+
+  Pooling: ``"mean"`` over non-padding tokens (``mask [B, T]``, default all),
+  ``"cls"`` a learned token prepended at position 0 whose output is used (for
+  bidirectional mixers), ``"last"`` the last non-padding token (for causal ones).
+  ``__call__(tokens [B, T], mask=None) -> logits [B, num_classes]``.
+  """
+
+  def __init__(self, vocab_size: int, num_classes: int, d_model: int,
+               num_layers: int | None = None, *, mixer: str | None = "softmax",
+               pattern: str | Sequence[str] | None = None, pooling: str = "mean",
+               num_heads: int = 4, mlp_ratio: float = 8 / 3,
+               mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+               pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    if pooling not in POOLINGS:
+      raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}.")
+    self.pooling = pooling
+    self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
+                             num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
+                             pattern_letters=pattern_letters, norm_eps=norm_eps, rngs=rngs,
+                             dtype=dtype, param_dtype=param_dtype)
+    self.cls = (nnx.Param(0.02 * jax.random.normal(rngs.params(), (d_model,)).astype(param_dtype))
+                if pooling == "cls" else None)
+    self.head = base.dense(d_model, num_classes, use_bias=True, rngs=rngs, dtype=dtype,
+                           param_dtype=param_dtype)
+
+  def __call__(self, tokens: Array, mask: Array | None = None) -> Array:
+    """``tokens [B, T]`` int, optional bool ``mask`` broadcastable to ``[B, T]`` (True: real token) -> ``[B, C]``."""
+    b, t = tokens.shape
+    mask = jnp.ones((b, t), bool) if mask is None else jnp.broadcast_to(mask.astype(bool), (b, t))
+    x = self.backbone.embed(tokens)
+    if self.cls is not None:
+      cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1]))
+      h = self.backbone.run(jnp.concatenate([cls, x], axis=1))
+      pooled = h[:, 0]
+    else:
+      h = self.backbone.run(x)
+      if self.pooling == "mean":
+        w = mask.astype(jnp.float32)[..., None]
+        pooled = (jnp.sum(h.astype(jnp.float32) * w, 1)
+                  / jnp.maximum(jnp.sum(w, 1), 1.0)).astype(h.dtype)
+      else:
+        last = jnp.maximum(jnp.sum(mask, axis=1) - 1, 0)
+        pooled = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
+    return self.head(pooled)
+
+
+def count_params(model: nnx.Module, wrt=nnx.Param) -> int:
+  """Number of scalars in the ``wrt`` variables of ``model`` (random features excluded)."""
+  return int(sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model, wrt))))

@@ -1,0 +1,16 @@
+"""Flax NNX sequence-mixer layers: parameters plus one call into ``ops``.
+
+Build any of them by name with :func:`make_mixer`; :data:`MIXERS` lists the
+names, :data:`CAUSAL_MIXERS` those that decode with a cache.
+"""
+
+from linear_attention.nn.attention import (BigBirdAttention, LinformerAttention, LocalAttention,
+                                           LongformerAttention, SoftmaxAttention)
+from linear_attention.nn.base import Mixer, RandomFeatures
+from linear_attention.nn.delta import DeltaNet, GatedDeltaNet
+from linear_attention.nn.gated import (HGRN2, GatedLinearAttention, Mamba2, MultiScaleRetention,
+                                       RWKV6TimeMix)
+from linear_attention.nn.linear import LinearAttention
+from linear_attention.nn.recurrent import HawkBlock, Mamba, S4DLayer
+from linear_attention.nn.registry import (CAUSAL_MIXERS, ENCODER_MIXERS, MIXERS, PATTERN_LETTERS,
+                                          make_mixer, mixer_kwargs)

@@ -1,0 +1,229 @@
+"""Softmax-attention layers: exact (multi-head, grouped-query, RoPE), local
+(sliding window, Griffin's local attention), Longformer, BigBird and Linformer.
+
+Shapes: ``x [B, T, D] -> [B, T, D]``; heads ``H``, key/value heads ``Hkv``
+(``H % Hkv == 0``), head dimension ``Dh``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from linear_attention.nn import base
+from linear_attention.ops import lowrank as lowrank_ops
+from linear_attention.ops import softmax as softmax_ops
+from linear_attention.ops import sparse as sparse_ops
+
+Array = jax.Array
+
+
+class SoftmaxAttention(base.Mixer):
+  """Multi-head softmax attention with RoPE and grouped-query heads.
+
+  Keys and values have ``num_kv_heads`` heads (1: multi-query; ``num_heads``:
+  ordinary multi-head), repeated to ``num_heads`` inside the layer, so the KV
+  cache stores only ``num_kv_heads``. Decoding keeps a ``[B, max_len, Hkv, Dh]``
+  key and value cache (keys stored after the rotation).
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
+               head_dim: int | None = None, causal: bool = True, use_rope: bool = True,
+               rope_base: float = 10000.0, implementation: str | None = None,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    base.check_divisible("num_heads", num_heads, "num_kv_heads", num_kv_heads)
+    if head_dim is None:
+      base.check_divisible("d_model", d_model, "num_heads", num_heads)
+      head_dim = d_model // num_heads
+    if use_rope and head_dim % 2:
+      raise ValueError(f"head_dim must be even for RoPE, got {head_dim}.")
+    self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+    self.causal, self.use_rope, self.rope_base = causal, use_rope, rope_base
+    self.implementation = implementation
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.q_proj = base.dense(d_model, num_heads * head_dim, **kw)
+    self.k_proj = base.dense(d_model, num_kv_heads * head_dim, **kw)
+    self.v_proj = base.dense(d_model, num_kv_heads * head_dim, **kw)
+    self.o_proj = base.dense(num_heads * head_dim, d_model, **kw)
+
+  @property
+  def groups(self) -> int:
+    """Query heads per key/value head."""
+    return self.num_heads // self.num_kv_heads
+
+  def _qkv(self, x: Array, positions: Array):
+    """``x [B, T, D]`` -> rotated ``q [B,T,H,Dh]``, ``k [B,T,Hkv,Dh]``, ``v [B,T,Hkv,Dh]``."""
+    q = base.split_heads(self.q_proj(x), self.num_heads)
+    k = base.split_heads(self.k_proj(x), self.num_kv_heads)
+    v = base.split_heads(self.v_proj(x), self.num_kv_heads)
+    if self.use_rope:
+      q, k = base.rope(q, positions, self.rope_base), base.rope(k, positions, self.rope_base)
+    return q, k, v
+
+  def _attend(self, q, k, v, segment_ids):
+    return softmax_ops.softmax_attention(q, k, v, causal=self.causal, segment_ids=segment_ids,
+                                         implementation=self.implementation)
+
+  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``; ``segment_ids [B, T]`` packs sequences."""
+    b, t, _ = x.shape
+    q, k, v = self._qkv(x, base.positions_of(b, t, segment_ids))
+    o = self._attend(q, base.repeat_kv(k, self.groups), base.repeat_kv(v, self.groups),
+                     segment_ids)
+    return self.o_proj(base.merge_heads(o.astype(x.dtype)))
+
+  def _cache_len(self, max_len: int) -> int:
+    return max_len
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """``{"k", "v": [B, L, Hkv, Dh] in dtype, "pos": int32 scalar}``."""
+    if not self.causal:
+      return super().init_cache(batch, max_len, dtype)
+    shape = (batch, self._cache_len(max_len), self.num_kv_heads, self.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+            "pos": jnp.zeros((), jnp.int32)}
+
+  def _slot_and_visible(self, pos: Array, length: int):
+    # Full cache: token t lives in slot t; slots up to pos are filled.
+    return pos, jnp.arange(length) <= pos
+
+  def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
+    """``x [B, D]`` -> ``(y [B, D], cache)``: append ``k, v`` and attend over the cache."""
+    if not self.causal:
+      return super().decode_step(x, cache)
+    b = x.shape[0]
+    pos = cache["pos"]
+    q, k, v = self._qkv(x[:, None], jnp.full((b, 1), pos, jnp.int32))
+    length = cache["k"].shape[1]
+    slot, visible = self._slot_and_visible(pos, length)
+    keys = lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), slot, 1)
+    values = lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), slot, 1)
+    scale = self.head_dim**-0.5
+    o, _ = softmax_ops.dense_attention_stats(
+        q, base.repeat_kv(keys, self.groups).astype(q.dtype),
+        base.repeat_kv(values, self.groups).astype(q.dtype), visible[None, None, :], scale)
+    y = self.o_proj(base.merge_heads(o[:, 0].astype(x.dtype)))
+    return y, {"k": keys, "v": values, "pos": pos + 1}
+
+
+class LocalAttention(SoftmaxAttention):
+  """Causal sliding-window attention (Griffin's local attention; Mistral's window).
+
+  Query ``i`` sees keys ``i - window + 1 .. i``. Decoding keeps a rolling cache
+  of ``min(window, max_len)`` tokens (slot ``t % window``), so memory stays
+  ``O(window)`` however long the generation. ``num_kv_heads=1`` gives Griffin's
+  multi-query attention.
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, window: int = 64,
+               num_kv_heads: int | None = None, head_dim: int | None = None,
+               causal: bool = True, use_rope: bool = True, rope_base: float = 10000.0,
+               block_size: int | None = None, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
+    super().__init__(d_model, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     causal=causal, use_rope=use_rope, rope_base=rope_base, rngs=rngs,
+                     dtype=dtype, param_dtype=param_dtype)
+    if window < 1:
+      raise ValueError(f"window must be >= 1, got {window}.")
+    self.window = window
+    self.block_size = block_size
+
+  def _attend(self, q, k, v, segment_ids):
+    return sparse_ops.sliding_window_attention(q, k, v, window=self.window, causal=self.causal,
+                                               segment_ids=segment_ids,
+                                               block_size=self.block_size)
+
+  def _cache_len(self, max_len: int) -> int:
+    return min(self.window, max_len)
+
+  def _slot_and_visible(self, pos: Array, length: int):
+    # Rolling cache: token t lives in slot t % length; every filled slot is in
+    # the window because the cache holds at most `window` tokens.
+    return pos % length, jnp.arange(length) < jnp.minimum(pos + 1, length)
+
+
+class LongformerAttention(SoftmaxAttention):
+  """Longformer attention: a sliding window plus the first ``num_global`` tokens as globals.
+
+  Bidirectional by default (an encoder mixer, e.g. for classification with a
+  CLS token at position 0); no decoding cache.
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, window: int = 64, num_global: int = 1,
+               causal: bool = False, head_dim: int | None = None, use_rope: bool = True,
+               block_size: int | None = None, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
+    super().__init__(d_model, num_heads, head_dim=head_dim, causal=causal, use_rope=use_rope,
+                     rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.window, self.num_global, self.block_size = window, num_global, block_size
+
+  def _attend(self, q, k, v, segment_ids):
+    b, t = q.shape[:2]
+    n = min(self.num_global, t)
+    global_mask = jnp.broadcast_to(jnp.arange(t) < n, (b, t))
+    return sparse_ops.longformer_attention(
+        q, k, v, global_mask, window=self.window, causal=self.causal, max_globals=max(n, 1),
+        segment_ids=segment_ids, block_size=self.block_size)
+
+  def init_cache(self, batch, max_len, dtype=jnp.float32):
+    """Not supported: Longformer is an encoder mixer here."""
+    return base.Mixer.init_cache(self, batch, max_len, dtype)
+
+  def decode_step(self, x, cache):
+    """Not supported: Longformer is an encoder mixer here."""
+    return base.Mixer.decode_step(self, x, cache)
+
+
+class BigBirdAttention(SoftmaxAttention):
+  """BigBird block-sparse attention (window + random + global blocks); encoder only.
+
+  The random blocks are drawn from ``PRNGKey(seed)``: a fixed pattern per layer.
+  The sequence must have at least ``num_global_blocks + num_window_blocks +
+  num_random_blocks`` blocks of ``block_size`` tokens.
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, block_size: int = 16,
+               num_window_blocks: int = 3, num_random_blocks: int = 2,
+               num_global_blocks: int = 2, seed: int = 0, head_dim: int | None = None,
+               use_rope: bool = True, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    super().__init__(d_model, num_heads, head_dim=head_dim, causal=False, use_rope=use_rope,
+                     rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.block_size, self.seed = block_size, seed
+    self.num_window_blocks, self.num_random_blocks = num_window_blocks, num_random_blocks
+    self.num_global_blocks = num_global_blocks
+
+  def _attend(self, q, k, v, segment_ids):
+    return sparse_ops.bigbird_attention(
+        q, k, v, block_size=self.block_size, key=jax.random.PRNGKey(self.seed),
+        num_window_blocks=self.num_window_blocks, num_random_blocks=self.num_random_blocks,
+        num_global_blocks=self.num_global_blocks, segment_ids=segment_ids)
+
+
+class LinformerAttention(SoftmaxAttention):
+  """Linformer: keys and values projected along the sequence to ``proj_len`` rows.
+
+  ``E, F`` are ``[proj_len, max_len]`` parameters; a sequence of length ``T <=
+  max_len`` uses their first ``T`` columns. Bidirectional only (the op cannot
+  be causal) and no ``segment_ids``.
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, max_len: int = 512, proj_len: int = 64,
+               head_dim: int | None = None, use_rope: bool = False, rngs: nnx.Rngs,
+               dtype=None, param_dtype=jnp.float32):
+    super().__init__(d_model, num_heads, head_dim=head_dim, causal=False, use_rope=use_rope,
+                     rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.max_len, self.proj_len = max_len, proj_len
+    std = max_len**-0.5
+    self.E = nnx.Param((std * jax.random.normal(rngs.params(), (proj_len, max_len))).astype(param_dtype))
+    self.F = nnx.Param((std * jax.random.normal(rngs.params(), (proj_len, max_len))).astype(param_dtype))
+
+  def _attend(self, q, k, v, segment_ids):
+    t = q.shape[1]
+    if t > self.max_len:
+      raise ValueError(f"sequence length {t} exceeds the Linformer max_len={self.max_len}.")
+    return lowrank_ops.linformer_attention(
+        q, k, v, self.E[...][:, :t].astype(q.dtype), self.F[...][:, :t].astype(q.dtype),
+        segment_ids=segment_ids)

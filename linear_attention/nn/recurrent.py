@@ -1,0 +1,218 @@
+"""Elementwise-recurrence layers: Mamba (selective scan), Hawk's recurrent block
+(RG-LRU) and S4D.
+
+``x [B, T, D] -> [B, T, D]``. ``num_heads`` is accepted for a uniform
+constructor; Mamba and S4D are per channel and ignore it, Hawk uses it for its
+block-diagonal gate projections.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from linear_attention.nn import base
+from linear_attention.ops import rglru as rglru_ops
+from linear_attention.ops import ssm as ssm_ops
+
+Array = jax.Array
+
+
+class Mamba(base.Mixer):
+  """Mamba-1 block (Gu & Dao 2023).
+
+  ``x, z = W_in u``; ``x = silu(conv1d(x))``; ``dt, B, C = W_x x`` (``dt`` of
+  rank ``dt_rank`` lifted by ``W_dt``); ``y = selective_scan(x, dt, A, B, C, D,
+  z)``; output ``W_out y``. ``A = -exp(A_log)`` with S4D-Real ``A_log =
+  log(1..N)``; ``softplus(dt_bias)`` in ``[dt_min, dt_max]`` at init.
+  Decoding state: conv window ``[B, W-1, d_inner]`` and SSM state
+  ``[B, d_inner, N]``, float32.
+  """
+
+  def __init__(self, d_model: int, num_heads: int = 1, *, d_state: int = 16, expand: int = 2,
+               conv_width: int = 4, dt_rank: int | None = None, dt_min: float = 1e-3,
+               dt_max: float = 1e-1, chunk_size: int = 64, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
+    del num_heads
+    d_inner = expand * d_model
+    dt_rank = math.ceil(d_model / 16) if dt_rank is None else dt_rank
+    self.d_inner, self.d_state, self.dt_rank, self.chunk_size = d_inner, d_state, dt_rank, chunk_size
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.in_proj = base.dense(d_model, 2 * d_inner, **kw)
+    self.conv = base.ShortConv(d_inner, conv_width, rngs=rngs, param_dtype=param_dtype)
+    self.x_proj = base.dense(d_inner, dt_rank + 2 * d_state, **kw)
+    # dt_proj's weight scaled as in Mamba (std dt_rank^-0.5); its bias is dt_bias.
+    self.dt_proj = base.dense(dt_rank, d_inner, kernel_init=nnx.initializers.uniform(
+        2 * dt_rank**-0.5), **kw)
+    dt = jnp.maximum(base.log_uniform(rngs.params(), (d_inner,), dt_min, dt_max), 1e-4)
+    self.dt_bias = base.param(base.inverse_softplus(dt), param_dtype)
+    a = jnp.broadcast_to(jnp.arange(1, d_state + 1, dtype=jnp.float32), (d_inner, d_state))
+    self.A_log = base.param(jnp.log(a), param_dtype)
+    self.D = base.param(jnp.ones((d_inner,)), param_dtype)
+    self.out_proj = base.dense(d_inner, d_model, **kw)
+
+  def _ssm_inputs(self, x):
+    dbc = self.x_proj(x)
+    r, n = self.dt_rank, self.d_state
+    dt = self.dt_proj(dbc[..., :r])
+    return dt, dbc[..., r:r + n], dbc[..., r + n:]
+
+  def _params(self):
+    f = jnp.float32
+    return -jnp.exp(self.A_log[...].astype(f)), self.D[...].astype(f), self.dt_bias[...].astype(f)
+
+  def __call__(self, u: Array, segment_ids: Array | None = None) -> Array:
+    """``u [B, T, D]`` -> ``[B, T, D]``."""
+    xz = self.in_proj(u)
+    x, z = xz[..., :self.d_inner], xz[..., self.d_inner:]
+    x = self.conv(x, segment_ids)
+    dt, b, c = self._ssm_inputs(x)
+    a, d, dt_bias = self._params()
+    y = ssm_ops.selective_scan(x, dt, a, b, c, d, z, dt_bias=dt_bias, dt_softplus=True,
+                               chunk_size=self.chunk_size, segment_ids=segment_ids)
+    return self.out_proj(y)
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """``{"conv": [B, W-1, d_inner], "state": [B, d_inner, N]}``, float32."""
+    return {"conv": self.conv.init_state(batch),
+            "state": jnp.zeros((batch, self.d_inner, self.d_state), jnp.float32)}
+
+  def decode_step(self, u: Array, cache: dict) -> tuple[Array, dict]:
+    """``u [B, D]`` -> ``(y [B, D], cache)``."""
+    xz = self.in_proj(u)
+    x, z = xz[..., :self.d_inner], xz[..., self.d_inner:]
+    x, conv_state = self.conv.step(x, cache["conv"])
+    dt, b, c = self._ssm_inputs(x)
+    a, d, dt_bias = self._params()
+    y, state = ssm_ops.selective_scan_step(x, dt, a, b, c, d, z, state=cache["state"],
+                                           dt_bias=dt_bias, dt_softplus=True)
+    return self.out_proj(y), {"conv": conv_state, "state": state}
+
+
+class BlockDiagonalLinear(nnx.Module):
+  """``[..., H * W] -> [..., H * W]`` with one ``[W, W]`` matrix (and bias) per head."""
+
+  def __init__(self, width: int, num_heads: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    base.check_divisible("width", width, "num_heads", num_heads)
+    self.num_heads = num_heads
+    w = width // num_heads
+    init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=1, out_axis=2)
+    self.w = nnx.Param(init(rngs.params(), (num_heads, w, w), jnp.float32).astype(param_dtype))
+    self.b = nnx.Param(jnp.zeros((num_heads, w), param_dtype))
+
+  def __call__(self, x: Array) -> Array:
+    """Applies the per-head matrices; returns the dtype of ``x``."""
+    xh = base.split_heads(x, self.num_heads)
+    y = jnp.einsum("...hi,hij->...hj", xh, self.w[...].astype(x.dtype)) + self.b[...].astype(x.dtype)
+    return base.merge_heads(y)
+
+
+class HawkBlock(base.Mixer):
+  """Hawk / Griffin recurrent block (De et al. 2024).
+
+  Two branches of width ``lru_width``: ``gelu(W_y x)`` and ``W_x x`` through a
+  short conv and the RG-LRU (gates from block-diagonal projections over
+  ``num_heads`` blocks); their product goes through ``W_out``. ``Lambda`` is
+  initialised so that ``a = sigmoid(Lambda)^c`` lies in ``[0.9, 0.999]``
+  (``a^2`` uniform there, as recurrentgemma draws it). Decoding state: the conv
+  window ``[B, W-1, lru_width]``, the RG-LRU state ``[B, lru_width]`` float32,
+  and the position (a document's first token skips the normaliser).
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, lru_width: int | None = None,
+               conv_width: int = 4, c: float = 8.0, min_rad: float = 0.9, max_rad: float = 0.999,
+               chunk_size: int = 64, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    width = d_model if lru_width is None else lru_width
+    self.width, self.c, self.chunk_size = width, c, chunk_size
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.y_proj = base.dense(d_model, width, use_bias=True, **kw)
+    self.x_proj = base.dense(d_model, width, use_bias=True, **kw)
+    self.conv = base.ShortConv(width, conv_width, activation=None, rngs=rngs,
+                               param_dtype=param_dtype)
+    self.gate_r = BlockDiagonalLinear(width, num_heads, rngs=rngs, param_dtype=param_dtype)
+    self.gate_i = BlockDiagonalLinear(width, num_heads, rngs=rngs, param_dtype=param_dtype)
+    a2 = jax.random.uniform(rngs.params(), (width,), minval=min_rad**2, maxval=max_rad**2)
+    # a = sigmoid(L)^c  <=>  softplus(-L) = -log(a) / c  <=>  L = -log(expm1(-log(a) / c)).
+    self.log_lambda = base.param(-jnp.log(jnp.expm1(-0.5 * jnp.log(a2) / c)), param_dtype)
+    self.out_proj = base.dense(width, d_model, use_bias=True, **kw)
+
+  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``."""
+    y = jax.nn.gelu(self.y_proj(x))
+    h = self.conv(self.x_proj(x), segment_ids)
+    h = rglru_ops.rg_lru(h, self.gate_r(h), self.gate_i(h), self.log_lambda[...], c=self.c,
+                         chunk_size=self.chunk_size, segment_ids=segment_ids)
+    return self.out_proj(h * y)
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """``{"conv": [B, W-1, width], "state": [B, width]}`` float32 and ``"pos"``."""
+    return {"conv": self.conv.init_state(batch),
+            "state": jnp.zeros((batch, self.width), jnp.float32),
+            "pos": jnp.zeros((), jnp.int32)}
+
+  def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
+    """``x [B, D]`` -> ``(y [B, D], cache)``."""
+    y = jax.nn.gelu(self.y_proj(x))
+    h, conv_state = self.conv.step(self.x_proj(x), cache["conv"])
+    args = (h, self.gate_r(h), self.gate_i(h), self.log_lambda[...])
+    # Both branches are cheap; the first token of a document has no normaliser.
+    h_first, s_first = rglru_ops.rg_lru_step(*args, None, c=self.c)
+    h_next, s_next = rglru_ops.rg_lru_step(*args, cache["state"], c=self.c)
+    first = cache["pos"] == 0
+    h = jnp.where(first, h_first, h_next)
+    state = jnp.where(first, s_first, s_next)
+    return self.out_proj(h * y), {"conv": conv_state, "state": state, "pos": cache["pos"] + 1}
+
+
+class S4DLayer(base.Mixer):
+  """S4D (Gu et al. 2022) as a sequence mixer: one diagonal complex SSM per channel.
+
+  ``y = GLU(W_out gelu(s4d(x)))``. ``A = -exp(log_neg_A_real) + i A_imag`` from
+  ``init`` (S4D-Lin by default), ``B = 1``, ``C`` complex normal, ``log_dt``
+  log-uniform in ``[dt_min, dt_max]``, skip ``D``. Training uses the FFT
+  convolution; decoding the recurrence with a complex64 state ``[B, D, N]``.
+  """
+
+  def __init__(self, d_model: int, num_heads: int = 1, *, d_state: int = 32, init: str = "lin",
+               dt_min: float = 1e-3, dt_max: float = 1e-1, form: str = "fft",
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    del num_heads
+    self.d_model, self.d_state, self.form = d_model, d_state, form
+    a_re, a_im = ssm_ops.s4d_init(init, d_state, d_model)
+    self.log_neg_A_real = base.param(jnp.log(-a_re), param_dtype)
+    self.A_imag = base.param(a_im, param_dtype)
+    c = jax.random.normal(rngs.params(), (2, d_model, d_state)) * (0.5**0.5)
+    self.C = base.param(c, param_dtype)  # real and imaginary parts
+    self.log_dt = base.param(ssm_ops.s4d_log_dt_init(rngs.params(), d_model, dt_min, dt_max),
+                             param_dtype)
+    self.D = base.param(jax.random.normal(rngs.params(), (d_model,)), param_dtype)
+    self.out_proj = base.dense(d_model, 2 * d_model, use_bias=True, rngs=rngs, dtype=dtype,
+                               param_dtype=param_dtype)
+
+  def _params(self):
+    f = jnp.float32
+    a_re = -jnp.exp(self.log_neg_A_real[...].astype(f))
+    c = self.C[...].astype(f)
+    b = jnp.ones((self.d_model, self.d_state), jnp.complex64)
+    return (a_re, self.A_imag[...].astype(f), b, jax.lax.complex(c[0], c[1]),
+            self.log_dt[...].astype(f), self.D[...].astype(f))
+
+  def _out(self, y):
+    return jax.nn.glu(self.out_proj(jax.nn.gelu(y)), axis=-1)
+
+  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``."""
+    y = ssm_ops.s4d(x, *self._params(), form=self.form, segment_ids=segment_ids)
+    return self._out(y)
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """``{"state": [B, D, N] complex64}``."""
+    return {"state": jnp.zeros((batch, self.d_model, self.d_state), jnp.complex64)}
+
+  def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
+    """``x [B, D]`` -> ``(y [B, D], cache)``."""
+    y, state = ssm_ops.s4d_step(x, *self._params(), state=cache["state"])
+    return self._out(y), {"state": state}

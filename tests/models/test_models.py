@@ -1,0 +1,149 @@
+"""Blocks, hybrid stacks, language model, classifier, generation with a cache."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from linear_attention import models
+from linear_attention import nn as lnn
+from tests import helpers
+
+V, D, H = 41, 32, 2
+SMALL = {"local": {"window": 4}, "mamba": {"d_state": 8}, "performer": {"num_features": 16}}
+
+
+def lm(**kw):
+  args = dict(num_heads=H, mixer_kwargs=SMALL, rngs=nnx.Rngs(0))
+  args.update(kw)
+  return models.LanguageModel(V, D, **args)
+
+
+def tokens(b=2, t=11, seed=0):
+  return jax.random.randint(jax.random.PRNGKey(seed), (b, t), 0, V)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(graphdef, state, toks):
+  return nnx.merge(graphdef, state)(toks)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode_logits(graphdef, state, toks):
+  model = nnx.merge(graphdef, state)
+
+  def body(cache, tok):
+    logits, cache = model.decode_step(tok, cache)
+    return cache, logits
+
+  _, out = jax.lax.scan(body, model.init_cache(toks.shape[0], toks.shape[1]), toks.T)
+  return jnp.swapaxes(out, 0, 1)
+
+
+def test_hybrid_pattern_builds_blocks_in_order():
+  model = lm(pattern="RRAM", num_layers=6)
+  assert model.mixer_names == ("hawk", "hawk", "softmax", "mamba", "hawk", "hawk")
+  kinds = [type(b.mixer) for b in model.blocks]
+  assert kinds == [lnn.HawkBlock, lnn.HawkBlock, lnn.SoftmaxAttention, lnn.Mamba,
+                   lnn.HawkBlock, lnn.HawkBlock]
+  assert lm(pattern="RL").mixer_names == ("hawk", "local")  # num_layers defaults to len
+  assert lm(pattern=["gla", "softmax"], num_layers=3).mixer_names == ("gla", "softmax", "gla")
+  assert models.resolve_pattern(2, "gla") == ("gla", "gla")
+
+
+def test_pattern_and_config_errors():
+  with pytest.raises(ValueError, match="letter"):
+    lm(pattern="RXA")
+  with pytest.raises(ValueError, match="unknown mixer"):
+    lm(mixer="transformerx", num_layers=1)
+  with pytest.raises(ValueError, match="encoder mixers"):
+    lm(mixer="linformer", num_layers=1)
+  with pytest.raises(ValueError, match="mixer_kwargs"):
+    lm(mixer="gla", num_layers=1, mixer_kwargs={"window": 3})
+
+
+def test_language_model_forward_and_tied_embeddings():
+  tied = lm(mixer="gla", num_layers=2)
+  untied = lm(mixer="gla", num_layers=2, tie_embeddings=False)
+  out = tied(tokens())
+  assert out.shape == (2, 11, V) and out.dtype == jnp.float32
+  assert models.count_params(untied) == models.count_params(tied) + D * V
+  assert tied.lm_head is None
+
+
+def test_hybrid_decode_matches_forward():
+  model = lm(pattern="RLSPA", mixer_kwargs={**SMALL, "mamba2": {"d_state": 8}})
+  toks = tokens(t=13)
+  graphdef, state = nnx.split(model)
+  helpers.assert_close(_decode_logits(graphdef, state, toks), _logits(graphdef, state, toks),
+                       rtol=1e-4, atol=3e-4)
+
+
+def test_generate_greedy_is_argmax_of_forward():
+  model = lm(pattern="RA", num_layers=2)
+  prompt = tokens(t=4)
+  out = models.generate(model, prompt, 6, temperature=0.0)
+  assert out.shape == (2, 10) and out.dtype == jnp.int32
+  np.testing.assert_array_equal(out[:, :4], prompt)
+  # Teacher forcing the generated sequence: each new token is the argmax of its prefix.
+  logits = model(out)
+  np.testing.assert_array_equal(out[:, 4:], jnp.argmax(logits[:, 3:-1], axis=-1))
+  # top_k=1 sampling is greedy; sampling is reproducible from the key.
+  k1 = models.generate(model, prompt, 6, temperature=1.0, top_k=1, key=jax.random.PRNGKey(3))
+  np.testing.assert_array_equal(k1, out)
+  s1 = models.generate(model, prompt, 6, temperature=1.0, key=jax.random.PRNGKey(5))
+  s2 = models.generate(model, prompt, 6, temperature=1.0, key=jax.random.PRNGKey(5))
+  np.testing.assert_array_equal(s1, s2)
+  assert int(s1.min()) >= 0 and int(s1.max()) < V
+
+
+def test_generate_rejects_bad_arguments():
+  model = lm(mixer="gla", num_layers=1)
+  with pytest.raises(ValueError, match="key"):
+    models.generate(model, tokens(t=2), 3, temperature=1.0)
+  with pytest.raises(ValueError, match="prompt"):
+    models.generate(model, tokens()[0], 3, temperature=0.0)
+
+
+@pytest.mark.parametrize("pooling,mixer", [("mean", "linformer"), ("cls", "longformer"),
+                                           ("last", "gla")])
+def test_classifier(pooling, mixer):
+  kw = {"linformer": {"max_len": 12, "proj_len": 4}, "longformer": {"window": 3}}
+  clf = models.SequenceClassifier(V, 3, D, 1, mixer=mixer, pooling=pooling, num_heads=H,
+                                  mixer_kwargs=kw, rngs=nnx.Rngs(0))
+  toks = tokens(t=11)
+  out = clf(toks)
+  assert out.shape == (2, 3) and bool(jnp.all(jnp.isfinite(out)))
+  if pooling == "last":
+    # Causal mixer: tokens after the last real one cannot change the result.
+    mask = jnp.arange(11) < 7
+    changed = toks.at[:, 7:].set(0)
+    helpers.assert_close(clf(toks, mask=mask), clf(changed, mask=mask))
+
+
+def test_bfloat16_model():
+  model = lm(pattern="RA", param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
+  toks = tokens(t=6)
+  assert model(toks).dtype == jnp.bfloat16
+  cache = model.init_cache(2, 6)
+  logits, cache = model.decode_step(toks[:, 0], cache)
+  assert logits.dtype == jnp.bfloat16
+  assert cache[0]["state"].dtype == jnp.float32  # Hawk's RG-LRU state
+  assert cache[1]["k"].dtype == jnp.bfloat16  # the KV cache follows the params
+
+
+def test_count_params_and_redraw():
+  model = lm(pattern="P", num_layers=2)
+  n = models.count_params(model)
+  everything = sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model)))
+  proj = model.blocks[0].mixer.projection[...]
+  assert everything == n + 2 * proj.size  # random features are state, not parameters
+  assert models.redraw_random_features(model, jax.random.PRNGKey(9)) == 2
+  assert not np.allclose(proj, model.blocks[0].mixer.projection[...])
+  b0, b1 = (blk.mixer.projection[...] for blk in model.blocks)
+  assert not np.allclose(b0, b1)  # each layer gets its own draw

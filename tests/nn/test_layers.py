@@ -1,0 +1,196 @@
+"""Every registry mixer: shapes, jit + grad, decode == forward, bfloat16, split/merge."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from linear_attention import nn as lnn
+from linear_attention.nn import base
+from tests import helpers
+
+B, T, D, H = 2, 17, 32, 2
+
+# Tiny per-mixer options: small low-rank widths, windows shorter than T, a
+# BigBird block layout that fits T = 17, grouped-query softmax.
+TINY = {
+    "softmax": dict(num_kv_heads=1),
+    "local": dict(window=5),
+    "performer": dict(num_features=16),
+    "rwkv6": dict(mix_low_rank=4, decay_low_rank=8),
+    "mamba2": dict(d_state=8),
+    "mamba": dict(d_state=8),
+    "s4d": dict(d_state=8),
+    "longformer": dict(window=4, num_global=2),
+    "bigbird": dict(block_size=2),
+    "linformer": dict(max_len=T, proj_len=8),
+    "gla": dict(gate_low_rank=4),
+}
+
+
+def build(name, param_dtype=jnp.float32, seed=0):
+  dtype = None if param_dtype == jnp.float32 else param_dtype
+  return lnn.make_mixer(name, D, H, rngs=nnx.Rngs(seed), param_dtype=param_dtype, dtype=dtype,
+                        **TINY.get(name, {}))
+
+
+def inputs(dtype=jnp.float32, seed=1):
+  return helpers.rand(jax.random.PRNGKey(seed), (B, T, D), dtype)
+
+
+def _loss_and_out(graphdef, params, rest, x, w):
+  model = nnx.merge(graphdef, params, rest)
+  y = model(x)
+  return jnp.sum(y.astype(jnp.float32) * w), y
+
+
+_grad_fn = jax.jit(jax.value_and_grad(_loss_and_out, argnums=1, has_aux=True),
+                   static_argnums=0)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, x):
+  return nnx.merge(graphdef, state)(x)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _decode_all(graphdef, state, x, cache_dtype):
+  """Teacher-forced decoding of ``x [B, T, D]`` token by token; returns outputs and caches."""
+  model = nnx.merge(graphdef, state)
+  cache0 = model.init_cache(x.shape[0], x.shape[1], cache_dtype)
+
+  def body(cache, x_t):
+    y_t, cache = model.decode_step(x_t, cache)
+    return cache, y_t
+
+  cache, ys = jax.lax.scan(body, cache0, jnp.swapaxes(x, 0, 1))
+  return jnp.swapaxes(ys, 0, 1), cache0, cache
+
+
+@pytest.mark.parametrize("name", lnn.MIXERS)
+def test_forward_grad_and_decode(name):
+  """Jitted forward and gradient are finite; decode == forward for causal mixers."""
+  model = build(name)
+  x = inputs()
+  w = helpers.rand(jax.random.PRNGKey(2), (B, T, D))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  (loss, y), grads = _grad_fn(graphdef, params, rest, x, w)
+  assert y.shape == (B, T, D) and y.dtype == jnp.float32
+  assert np.isfinite(float(loss))
+  leaves = jax.tree_util.tree_leaves(grads)
+  assert leaves and all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
+  # Every parameter takes part: none has an identically zero gradient.
+  zero = [p for p, g in jax.tree_util.tree_leaves_with_path(grads) if not bool(jnp.any(g != 0))]
+  assert not zero, f"parameters without gradient: {zero}"
+  if name not in lnn.CAUSAL_MIXERS:
+    return
+  # Teacher-forced decoding, one token at a time, equals the full forward.
+  ys, cache0, cache = _decode_all(graphdef, nnx.merge_state(params, rest), x, jnp.float32)
+  helpers.assert_close(ys, y, rtol=1e-4, atol=2e-4, err_msg=name)
+  # The cache keeps its structure and dtypes, as lax.scan and jit need.
+  assert jax.tree_util.tree_structure(cache0) == jax.tree_util.tree_structure(cache)
+  assert jax.tree.map(lambda a: a.dtype, cache0) == jax.tree.map(lambda a: a.dtype, cache)
+
+
+@pytest.mark.parametrize("name", lnn.MIXERS)
+def test_bfloat16_params_float32_state(name):
+  model = build(name, param_dtype=jnp.bfloat16)
+  params = jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))
+  assert all(p.dtype == jnp.bfloat16 for p in params)
+  x = inputs(jnp.bfloat16)
+  graphdef, state = nnx.split(model)
+  y = _forward(graphdef, state, x)
+  assert y.shape == (B, T, D) and y.dtype == jnp.bfloat16
+  assert bool(jnp.all(jnp.isfinite(y.astype(jnp.float32))))
+  if name not in lnn.CAUSAL_MIXERS:
+    with pytest.raises(NotImplementedError):
+      model.init_cache(B, T, jnp.bfloat16)
+    return
+  ys, _, cache = _decode_all(graphdef, state, x, jnp.bfloat16)
+  assert ys.dtype == jnp.bfloat16
+  scale = float(jnp.max(jnp.abs(y.astype(jnp.float32))))
+  helpers.assert_close(ys, y, rtol=helpers.BF16_RTOL, atol=helpers.BF16_ATOL * scale,
+                       err_msg=name)
+  # Recurrent states stay float32 (complex64 for S4D); only KV caches take the bf16 dtype.
+  for path, leaf in jax.tree_util.tree_leaves_with_path(cache):
+    key = path[-1].key
+    if key in ("k", "v"):
+      assert leaf.dtype == jnp.bfloat16, path
+    elif key != "pos":
+      assert leaf.dtype in (jnp.float32, jnp.complex64), (path, leaf.dtype)
+
+
+@pytest.mark.parametrize("name", lnn.MIXERS)
+def test_split_merge_round_trip(name):
+  model = build(name)
+  graphdef, state = nnx.split(model)
+  clone = nnx.merge(graphdef, state)
+  assert type(clone) is type(model) and clone is not model
+  g2, s2 = nnx.split(clone)
+  assert g2 == graphdef
+  helpers.assert_tree_close(nnx.to_pure_dict(s2), nnx.to_pure_dict(state), rtol=0, atol=0)
+
+
+def test_segment_ids_isolate_packed_sequences():
+  """Two packed sequences give the outputs of two separate calls (a few mixers)."""
+  x = inputs()[:, :16]
+  seg = jnp.asarray([[0] * 8 + [1] * 8] * B)
+  apart = jnp.concatenate([x[:, :8], x[:, 8:]], axis=0)  # [2B, 8, D]
+  for name in ("softmax", "gla", "hawk", "gated_deltanet"):
+    graphdef, state = nnx.split(build(name))
+    packed = _forward_seg(graphdef, state, x, seg)
+    alone = _forward(graphdef, state, apart)
+    helpers.assert_close(jnp.concatenate([packed[:, :8], packed[:, 8:]], axis=0), alone,
+                         atol=2e-4, err_msg=name)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward_seg(graphdef, state, x, segment_ids):
+  return nnx.merge(graphdef, state)(x, segment_ids=segment_ids)
+
+
+def test_random_feature_redraw():
+  model = build("performer")
+  assert isinstance(model.projection, base.RandomFeatures)
+  before = model.projection[...]
+  x = inputs()
+  y0 = model(x)
+  n_params = sum(p.size for p in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
+  model.redraw(jax.random.PRNGKey(123))
+  after = model.projection[...]
+  assert after.shape == before.shape and after.dtype == before.dtype
+  assert not np.allclose(before, after)
+  y1 = model(x)
+  assert y1.shape == y0.shape and not np.allclose(y0, y1)
+  # Not a parameter: gradients and optimisers skip it, the parameter count is unchanged.
+  assert not jax.tree_util.tree_leaves(nnx.filter_state(nnx.state(model, nnx.Param), base.RandomFeatures))
+  assert sum(p.size for p in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))) == n_params
+  # Orthogonal (favor+) rows come in orthogonal blocks.
+  blk = np.asarray(after[:D // H])
+  gram = blk @ blk.T
+  np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0, atol=1e-3)
+
+
+def test_registry_errors():
+  with pytest.raises(ValueError, match="unknown mixer 'nope'.*softmax"):
+    lnn.make_mixer("nope", D, H, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="windw"):
+    lnn.make_mixer("local", D, H, rngs=nnx.Rngs(0), windw=4)
+  assert "window" in lnn.mixer_kwargs("local")
+  assert set(lnn.CAUSAL_MIXERS) | set(lnn.ENCODER_MIXERS) == set(lnn.MIXERS)
+
+
+def test_initialisation_ranges():
+  hawk = build("hawk")
+  a = jax.nn.sigmoid(hawk.log_lambda[...]) ** hawk.c
+  assert float(a.min()) >= 0.9 - 1e-6 and float(a.max()) <= 0.999 + 1e-6
+  for name in ("mamba", "mamba2", "gated_deltanet"):
+    dt = jax.nn.softplus(build(name).dt_bias[...])
+    assert float(dt.min()) >= 1e-3 * (1 - 1e-4) and float(dt.max()) <= 1e-1 * (1 + 1e-4), name
+  gqa = build("softmax")
+  assert gqa.k_proj.kernel[...].shape == (D, D // H)  # one kv head of width D / H
