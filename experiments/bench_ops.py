@@ -139,6 +139,17 @@ def worker(case, t, budget_s):
   print("RESULT " + json.dumps(res), flush=True)
 
 
+def step_latency(position):
+  """Seconds per decoding step of ELU linear attention after ``position`` tokens."""
+  import jax
+  from linear_attention import ops
+  kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
+  q, k, v = (jax.random.normal(x, (B, position, H, D)) for x in (kq, kk, kv))
+  _, state = jax.jit(lambda q, k, v: ops.linear_attention(q, k, v, return_state=True))(q, k, v)
+  step = jax.jit(lambda q, k, v, s: ops.linear_attention_step(q, k, v, s))
+  return _time(step, q[:, -1], k[:, -1], v[:, -1], state, repeats=50)
+
+
 def run_one(case, t, budget_s, mem_limit_gb):
   """Runs :func:`worker` in a subprocess; returns its result or why it was skipped."""
   est = CASES[case][2](t) / GB
@@ -198,10 +209,13 @@ def main(argv=None):
       results.append(run_one(c, t, a.budget, a.mem_limit_gb))
       print(table(results[-1:], mm).splitlines()[-1], flush=True)
   print("\n" + table(results, mm))
+  steps = {p: step_latency(p) for p in ([128] if a.smoke else [1024, 65536])}
+  for pos, secs in steps.items():
+    print(f"linear attention step at position {pos}: {1e6 * secs:.1f} us")
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, "bench_ops.json")
   with open(path, "w") as f:
-    json.dump({"matmul_gflops": mm, "B": B, "H": H, "D": D, "chunk": CHUNK,
+    json.dump({"matmul_gflops": mm, "step_s": steps, "B": B, "H": H, "D": D, "chunk": CHUNK,
                "results": results}, f, indent=1)
   print(f"wrote {path}")
 
