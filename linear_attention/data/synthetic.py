@@ -1,0 +1,166 @@
+"""Synthetic recall tasks: MQAR (Zoology), selective copying and induction heads (Mamba).
+
+All three are kind ``"lm"``: per-position targets with a mask that is 1 only
+where the task asks a question. Batches are generated on the fly with numpy,
+vectorised over the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from linear_attention.data.base import SyntheticDataset, choose_distinct, lm_batch
+
+
+def _require(cond: bool, field: str, expected: str, got: Any) -> None:
+  if not cond:
+    raise ValueError(f"config field {field!r} must be {expected}, got {got!r}.")
+
+
+class MQAR(SyntheticDataset):
+  """Multi-query associative recall (Arora, Eyuboglu et al. 2023, "Zoology").
+
+  Layout of one row of length ``T`` with ``N = num_kv_pairs``:
+
+  * positions ``0 .. 2N-1``: the pairs ``k_1 v_1 k_2 v_2 ... k_N v_N``, keys
+    distinct and drawn from the lower half of the vocabulary ``[1, V/2)``,
+    values distinct and drawn from the upper half ``[V/2, V)``;
+  * after them, every key is asked once: key ``k_i`` sits at position
+    ``2N + 2 g_i``, with gaps ``g_i`` distinct in ``[0, (T - 2N) / 2)`` and drawn
+    without replacement from ``p(g) ~ (g + 1) ** (power_a - 1)`` (a power law:
+    small ``power_a`` puts most queries right after the pairs, ``1.0`` is
+    uniform);
+  * the target at a query position is its key's value; the mask is 1 exactly
+    there (``N`` ones per row);
+  * every other position holds a uniform random token of ``[0, V)`` when
+    ``random_non_queries`` (Zoology's default), else 0.
+
+  Sampling the gaps without replacement uses the Gumbel-top-k identity, which
+  has the same law as drawing them one by one with ``p`` renormalised.
+  """
+
+  kind = "lm"
+
+  def __init__(self, config: Mapping[str, Any]):
+    super().__init__(config)
+    c = self.config
+    v, t, n = c["vocab_size"], c["seq_len"], c["num_kv_pairs"]
+    _require(n >= 1, "num_kv_pairs", ">= 1", n)
+    _require(v >= 4, "vocab_size", ">= 4", v)
+    _require(n <= v // 2 - 1, "num_kv_pairs",
+             f"<= vocab_size // 2 - 1 = {v // 2 - 1} "
+             "(keys are distinct tokens of [1, vocab_size // 2))", n)
+    _require(t >= 4 * n, "seq_len",
+             f">= 4 * num_kv_pairs = {4 * n} "
+             "(the pairs, then room for a query every other slot)", t)
+    _require(c["power_a"] > 0, "power_a", "> 0", c["power_a"])
+    self.vocab_size = v
+    self.num_kv_pairs = n
+    self.power_a = float(c["power_a"])
+    self.random_non_queries = bool(c["random_non_queries"])
+    space = (t - 2 * n) // 2
+    g = np.arange(1, space + 1, dtype=np.float64)
+    p = self.power_a * g ** (self.power_a - 1.0)
+    self._gap_logp = np.log(p / p.sum())
+
+  def _generate(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    b, t, v, n = self.batch_size, self.seq_len, self.vocab_size, self.num_kv_pairs
+    half = v // 2
+    keys = choose_distinct(rng, b, 1, half, n)
+    values = choose_distinct(rng, b, half, v, n)
+    scores = self._gap_logp[None, :] + rng.gumbel(size=(b, self._gap_logp.shape[0]))
+    gaps = np.argpartition(-scores, n - 1, axis=1)[:, :n]
+    if self.random_non_queries:
+      inputs = rng.integers(0, v, size=(b, t), dtype=np.int64)
+    else:
+      inputs = np.zeros((b, t), np.int64)
+    inputs[:, 0:2 * n:2] = keys
+    inputs[:, 1:2 * n:2] = values
+    qpos = 2 * n + 2 * gaps
+    np.put_along_axis(inputs, qpos, keys, axis=1)
+    targets = np.zeros((b, t), np.int64)
+    np.put_along_axis(targets, qpos, values, axis=1)
+    mask = np.zeros((b, t), np.float32)
+    np.put_along_axis(mask, qpos, 1.0, axis=1)
+    return lm_batch(inputs, targets, mask)
+
+
+class SelectiveCopying(SyntheticDataset):
+  """Selective copying (Gu & Dao 2023, "Mamba", section 3.1 and appendix E.1).
+
+  Tokens: 0 is the noise (blank) token, ``1 .. V-2`` are data tokens and
+  ``V-1`` is the marker that asks for output. A row of length ``T`` with
+  ``N = num_tokens`` is: ``N`` random data tokens scattered, in order, at
+  random distinct positions of the first ``T - N`` slots (noise elsewhere),
+  then ``N`` markers. At the ``i``-th marker the target is the ``i``-th data
+  token; the mask is 1 on the ``N`` marker positions only. (The Mamba paper
+  uses ``T = 4096``, ``V = 16``, ``N = 16``; this is the S4 repository's
+  ``torch_copying_data(..., variable=True)`` layout with ``T = L + 2N``.)
+  """
+
+  kind = "lm"
+
+  def __init__(self, config: Mapping[str, Any]):
+    super().__init__(config)
+    c = self.config
+    v, t, n = c["vocab_size"], c["seq_len"], c["num_tokens"]
+    _require(v >= 3, "vocab_size", ">= 3 (noise, marker and at least one data token)", v)
+    _require(n >= 1, "num_tokens", ">= 1", n)
+    _require(t >= 2 * n, "seq_len", f">= 2 * num_tokens = {2 * n}", t)
+    self.vocab_size = v
+    self.num_tokens = n
+    self.noise_token = 0
+    self.marker_token = v - 1
+
+  def _generate(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    b, t, v, n = self.batch_size, self.seq_len, self.vocab_size, self.num_tokens
+    tokens = rng.integers(1, v - 1, size=(b, n), dtype=np.int64)
+    pos = np.sort(choose_distinct(rng, b, 0, t - n, n), axis=1)
+    inputs = np.zeros((b, t), np.int64)
+    np.put_along_axis(inputs, pos, tokens, axis=1)
+    inputs[:, t - n:] = self.marker_token
+    targets = np.zeros((b, t), np.int64)
+    targets[:, t - n:] = tokens
+    mask = np.zeros((b, t), np.float32)
+    mask[:, t - n:] = 1.0
+    return lm_batch(inputs, targets, mask)
+
+
+class InductionHeads(SyntheticDataset):
+  """Induction heads (Olsson et al. 2022; the Mamba paper's appendix E.1 setting).
+
+  Tokens ``0 .. V-2`` are ordinary and ``V-1`` is the trigger. A row of length
+  ``T`` is uniform random ordinary tokens, except that the trigger sits at one
+  random position ``p`` in ``[0, T-3]`` followed by a random ordinary target
+  token at ``p + 1``, and the trigger appears again at the last position
+  ``T - 1``. The only target is there: the token that followed the first
+  trigger (mask 1 at ``T - 1`` only). The trigger occurs exactly twice.
+  (The Mamba paper trains at ``T = 256`` with ``V = 16``.)
+  """
+
+  kind = "lm"
+
+  def __init__(self, config: Mapping[str, Any]):
+    super().__init__(config)
+    c = self.config
+    v, t = c["vocab_size"], c["seq_len"]
+    _require(v >= 3, "vocab_size", ">= 3 (a trigger and at least two ordinary tokens)", v)
+    _require(t >= 3, "seq_len", ">= 3 (trigger, target, trigger)", t)
+    self.vocab_size = v
+    self.trigger_token = v - 1
+
+  def _generate(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    b, t, v = self.batch_size, self.seq_len, self.vocab_size
+    inputs = rng.integers(0, v - 1, size=(b, t), dtype=np.int64)
+    p = rng.integers(0, t - 2, size=(b, 1))
+    answer = rng.integers(0, v - 1, size=(b, 1), dtype=np.int64)
+    np.put_along_axis(inputs, p, self.trigger_token, axis=1)
+    np.put_along_axis(inputs, p + 1, answer, axis=1)
+    inputs[:, t - 1] = self.trigger_token
+    targets = np.zeros((b, t), np.int64)
+    targets[:, t - 1] = answer[:, 0]
+    mask = np.zeros((b, t), np.float32)
+    mask[:, t - 1] = 1.0
+    return lm_batch(inputs, targets, mask)
