@@ -403,7 +403,7 @@ def selective_scan(
     *,
     dt_bias: Array | None = None,
     dt_softplus: bool = True,
-    form: str = "chunk",
+    form: str = "auto",
     chunk_size: int = 64,
     initial_state: Array | None = None,
     return_state: bool = False,
@@ -423,9 +423,14 @@ def selective_scan(
     D: optional ``[D]`` skip; z: optional ``[B, T, D]`` gate.
     dt_bias: optional ``[D]`` added to ``dt``.
     dt_softplus: apply softplus to ``dt + dt_bias``; without it they must be ``>= 0``.
-    form: ``"chunk"`` (default; the elementwise scan engine, chunked),
-      ``"associative"``, ``"recurrent"`` (``lax.scan``, state only) or
-      ``"decay"`` (the diagonal-decay engine, one head per channel).
+    form: ``"chunk"`` (the elementwise scan engine, chunked),
+      ``"associative"``, ``"recurrent"`` (``lax.scan``, state only, in
+      rematerialised chunks) or ``"decay"`` (the diagonal-decay engine, one
+      head per channel). ``"auto"`` (default) is ``"recurrent"`` on CPU and
+      ``"chunk"`` on GPU and TPU: on CPU the parallel forms move a
+      ``[B, T, D, N]`` tensor through memory several times while the scan
+      keeps ``[B, D, N]`` (measured at T=4096, D=256, N=16: recurrent
+      fwd+bwd 6x faster than chunk, 36x faster than decay).
     chunk_size: chunk length of the chunk and decay forms.
     initial_state: optional ``[B, D, N]``.
     return_state: also return the final state.
@@ -438,7 +443,9 @@ def selective_scan(
   common.check_rank("x", x, 3)
   d, n, _ = _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
   bsz, t, _ = x.shape
-  common.check_choice("form", form, SELECTIVE_FORMS)
+  common.check_choice("form", form, SELECTIVE_FORMS + ("auto",))
+  if form == "auto":
+    form = "recurrent" if jax.default_backend() == "cpu" else "chunk"
   common.check_positive_int("chunk_size", chunk_size)
   common.check_segment_ids(segment_ids, bsz, t)
   if initial_state is not None:
@@ -463,7 +470,8 @@ def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *
   h0 = None if initial_state is None else initial_state.astype(acc)
 
   if form == "recurrent":
-    y, state = _selective_recurrent(delta, dx, A, B.astype(acc), C.astype(acc), h0, segment_ids)
+    y, state = _selective_recurrent(delta, dx, A, B.astype(acc), C.astype(acc), h0, segment_ids,
+                                    chunk_size)
   elif form == "decay":
     bx = jnp.broadcast_to(_bc(B.astype(acc), d, 3), (bsz, t, d, n))
     cx = jnp.broadcast_to(_bc(C.astype(acc), d, 3), (bsz, t, d, n))
@@ -481,8 +489,14 @@ def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *
   return _finish(y, x, D, z, acc), state
 
 
-def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids):
-  """``lax.scan`` that keeps only the ``[B, D, N]`` state (no ``[B, T, D, N]`` tensor)."""
+def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids, chunk_size):
+  """``lax.scan`` that keeps only the ``[B, D, N]`` state (no ``[B, T, D, N]`` tensor).
+
+  The tokens go through in chunks of ``chunk_size``, each chunk a rematerialised
+  (``jax.checkpoint``) scan: the backward pass stores one state per chunk
+  instead of one per token and recomputes the rest, which is both less memory
+  and, measured on CPU, faster than storing every state.
+  """
   bsz, t, d = dx.shape
   state = jnp.zeros((bsz, d, A.shape[1]), dx.dtype) if h0 is None else h0
   starts = (jnp.zeros((bsz, t), bool) if segment_ids is None
@@ -494,9 +508,14 @@ def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids):
     h = jnp.exp(delta_t[..., None] * A) * h + dx_t[..., None] * _bc(b_t, d, 2)
     return h, jnp.sum(h * _bc(c_t, d, 2), axis=-1)
 
-  move = lambda v: jnp.moveaxis(v, 1, 0)
-  state, y = lax.scan(body, state, (move(delta), move(dx), move(B), move(C), starts.T))
-  return move(y), state
+  c = min(chunk_size, t)
+  n = -(-t // c)
+  # Padding with delta = dx = 0 and no segment start leaves the state unchanged.
+  pad = lambda v: common.pad_axis(v, c, axis=1)
+  chunks = lambda v: jnp.moveaxis(pad(v), 1, 0).reshape((n, c, bsz) + v.shape[2:])
+  chunk = jax.checkpoint(lambda h, xs: lax.scan(body, h, xs))
+  state, y = lax.scan(chunk, state, tuple(chunks(v) for v in (delta, dx, B, C, starts)))
+  return jnp.moveaxis(y.reshape((n * c, bsz, d)), 0, 1)[:, :t], state
 
 
 def selective_scan_step(
