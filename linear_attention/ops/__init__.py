@@ -44,6 +44,12 @@ from linear_attention.ops.gated import (
 )
 from linear_attention.ops.rglru import rg_lru, rg_lru_step
 from linear_attention.ops.scan import SCAN_FORMS, linear_scan
+from linear_attention.ops.sequence_parallel import (
+    sequence_parallel_decay_attention,
+    sequence_parallel_decay_attention_local,
+    sequence_parallel_gla,
+    sequence_parallel_ssd,
+)
 from linear_attention.ops.ssm import (
     s4d,
     s4d_discretize,

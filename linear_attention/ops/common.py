@@ -136,3 +136,13 @@ def segment_index(segment_ids: Array) -> Array:
   means no boundary lies between them even if an id is reused later.
   """
   return jnp.cumsum(segment_starts(segment_ids).astype(jnp.int32), axis=1)
+
+
+def zero_state(qh: Array, vh: Array) -> Array:
+  """A zero ``[B, H, K, V]`` state for ``qh [B, H, T, K]`` and ``vh [B, H, T, V]``.
+
+  Built with ``zeros_like`` of an expression of the inputs rather than
+  ``jnp.zeros``, so that inside ``jax.shard_map`` it varies over the same
+  mesh axes as the inputs and a ``lax.scan`` carrying it keeps one type.
+  """
+  return jnp.zeros_like(qh[:, :, 0, :, None] * vh[:, :, 0, None, :])

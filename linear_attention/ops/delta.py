@@ -251,15 +251,10 @@ def _step(q, k, v, beta, g, state):
   return jnp.einsum("bhk,bhkv->bhv", q, state), state
 
 
-def _zero_state(qh, vh):
-  b, h, _, dk = qh.shape
-  return jnp.zeros((b, h, dk, vh.shape[-1]), qh.dtype)
-
-
 def _recurrent(qh, kh, vh, bh, g, s0, seg):
   """Token-by-token ``lax.scan``; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``."""
   t = qh.shape[2]
-  state = _zero_state(qh, vh) if s0 is None else s0
+  state = common.zero_state(qh, vh) if s0 is None else s0
   starts = (jnp.zeros(qh.shape[:1] + (t,), bool) if seg is None
             else common.segment_starts(seg))
   move = lambda x: jnp.moveaxis(x, 2, 0)
@@ -438,7 +433,7 @@ def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
     new = a_n[..., None, None] * state + jnp.einsum("bhck,bhcv->bhkv", k_n, d)
     return new, (state, d)
 
-  init = _zero_state(qh, vh) if s0 is None else s0
+  init = common.zero_state(qh, vh) if s0 is None else s0
   move = lambda x: jnp.moveaxis(x, 2, 0)
   state, (entering, d) = lax.scan(
       body, init, (move(u), move(w), move(k_end), move(chunk_decay)))

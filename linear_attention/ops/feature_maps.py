@@ -64,7 +64,10 @@ def random_projection(key: Array, num_features: int, dim: int, *, orthogonal: bo
     return jax.random.normal(k_dir, (num_features, dim), jnp.float32)
   blocks = -(-num_features // dim)
   gauss = jax.random.normal(k_dir, (blocks, dim, dim), jnp.float32)
-  qmat, _ = jnp.linalg.qr(gauss)
+  qmat, r = jnp.linalg.qr(gauss)
+  # QR's sign convention makes Q's directions non-uniform (Q[0, 0] < 0 always);
+  # the signs of diag(R) undo it, giving Haar-distributed orthogonal blocks.
+  qmat = qmat * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
   rows = jnp.swapaxes(qmat, 1, 2).reshape(blocks * dim, dim)[:num_features]
   norms = jnp.linalg.norm(jax.random.normal(k_norm, (num_features, dim), jnp.float32), axis=1)
   return rows * norms[:, None]

@@ -201,3 +201,15 @@ def test_bad_inputs():
     f(q, k, v, feature_map="favor+", key=jax.random.PRNGKey(0), num_features=0)
   with pytest.raises(ValueError, match="segment_ids must have shape"):
     f(q, k, v, segment_ids=SEG[:1])
+
+
+def test_orthogonal_projection_is_unbiased_and_orthogonal():
+  """Rows within a block are orthogonal; directions have no preferred sign."""
+  from linear_attention.ops.feature_maps import random_projection
+  w = random_projection(jax.random.PRNGKey(0), 64 * 200, 64, orthogonal=True)
+  block = w[:64] / jnp.linalg.norm(w[:64], axis=1, keepdims=True)
+  assert_close(block @ block.T, jnp.eye(64), atol=1e-4, rtol=0)
+  # Without the sign correction of QR every block's first row has w[0] < 0.
+  first = np.asarray(w[::64, 0])
+  assert 0.3 < np.mean(first > 0) < 0.7, np.mean(first > 0)
+  assert abs(float(jnp.mean(w))) < 0.02

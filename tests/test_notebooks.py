@@ -1,0 +1,113 @@
+"""Every study runs at its smoke size, and every notebook executes against the result.
+
+The studies run once per session (all at the same time, each in its own
+subprocess) into a temporary folder; each notebook is then executed top to
+bottom with nbclient, ``LA_RESULTS_DIR`` pointing at that folder, so a study
+whose output format drifts or a broken notebook fails here.
+
+The kernel is ``python3``: jupyter_client starts a spec whose command is
+``python`` with the current interpreter (``sys.executable``), and provides the
+spec itself when ipykernel is importable, so the venv running pytest is the
+one the notebooks run in.
+
+To add a study (e.g. the trainer studies of issue 9), append a :class:`Study`
+to ``STUDIES``; the index notebook must link its notebook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("matplotlib")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+STUDY_TIMEOUT_S = 240
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  name: str  # results subfolder: <LA_RESULTS_DIR>/<name>/
+  command: tuple[str, ...]  # run from the repo root with this interpreter; gets --out
+  notebook: str  # under notebooks/
+  result_file: str  # what the study must write in its subfolder
+
+
+STUDIES = [
+    Study("cost", ("experiments/study_cost.py", "--smoke"), "cost.ipynb", "cost.json"),
+    Study("approximation", ("experiments/study_approximation.py", "--smoke"),
+          "approximation.ipynb", "approximation.json"),
+]
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+  """Runs every study's smoke size concurrently; returns the results folder."""
+  root = tmp_path_factory.mktemp("studies")
+  procs = {}
+  for s in STUDIES:
+    log = open(root / f"{s.name}.log", "w")
+    procs[s.name] = (subprocess.Popen(
+        [sys.executable, *s.command, "--out", str(root / s.name)], cwd=REPO,
+        stdout=log, stderr=subprocess.STDOUT), log)
+  failed = []
+  for name, (proc, log) in procs.items():
+    try:
+      rc = proc.wait(timeout=STUDY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      rc = "timeout"
+    log.close()
+    if rc != 0:
+      failed.append(f"{name}: {rc}\n" + (root / f"{name}.log").read_text()[-2000:])
+  assert not failed, "smoke studies failed:\n" + "\n".join(failed)
+  return root
+
+
+def _execute(notebook: str, results, monkeypatch):
+  """Executes ``notebooks/<notebook>`` against ``results``; returns the executed notebook."""
+  monkeypatch.setenv("LA_RESULTS_DIR", str(results))  # the kernel inherits the environment
+  nb = nbformat.read(NOTEBOOKS / notebook, as_version=4)
+  client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                   resources={"metadata": {"path": str(NOTEBOOKS)}})
+  client.execute()  # raises CellExecutionError on the first failing cell
+  return nb
+
+
+def _outputs(nb, kind):
+  return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+          if o.get("output_type") == kind]
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=[s.name for s in STUDIES])
+def test_study_notebook_runs_on_smoke_results(study, smoke_results, monkeypatch):
+  result = json.loads((smoke_results / study.name / study.result_file).read_text())
+  assert result["config"]["smoke"] is True
+  nb = _execute(study.notebook, smoke_results, monkeypatch)
+  images = [o for o in _outputs(nb, "display_data") if "image/png" in o.get("data", {})]
+  assert images, f"{study.notebook} drew no figure"
+  text = "".join(o["text"] for o in _outputs(nb, "stream"))
+  assert str(smoke_results) in text, "the notebook did not read LA_RESULTS_DIR"
+
+
+def test_index_links_every_notebook_and_runs(smoke_results, monkeypatch):
+  index = nbformat.read(NOTEBOOKS / "index.ipynb", as_version=4)
+  links = "".join(c.source for c in index.cells if c.cell_type == "markdown")
+  on_disk = {p.name for p in NOTEBOOKS.glob("*.ipynb")} - {"index.ipynb"}
+  for name in on_disk | {s.notebook for s in STUDIES}:
+    assert f"({name})" in links, f"index.ipynb does not link {name}"
+  nb = _execute("index.ipynb", smoke_results, monkeypatch)
+  lines = "".join(o["text"] for o in _outputs(nb, "stream")).splitlines()
+  for s in STUDIES:
+    status = [l for l in lines if l.split(" ", 1)[0] == s.name]
+    assert status and "smoke" in status[0], f"index.ipynb does not see {s.name}: {status}"
