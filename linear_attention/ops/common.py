@@ -146,3 +146,28 @@ def zero_state(qh: Array, vh: Array) -> Array:
   mesh axes as the inputs and a ``lax.scan`` carrying it keeps one type.
   """
   return jnp.zeros_like(qh[:, :, 0, :, None] * vh[:, :, 0, None, :])
+
+
+# Steps per rematerialised chunk of the recurrent forms (see remat_scan).
+REMAT_CHUNK = 64
+
+
+def remat_scan(body, init, xs, chunk: int = REMAT_CHUNK):
+  """``lax.scan(body, init, xs)`` over a leading time axis, in rematerialised chunks.
+
+  Each run of ``chunk`` steps is one ``jax.checkpoint``-ed inner scan, so the
+  backward pass stores one carry per chunk instead of one per step and
+  recomputes the rest: on CPU this is both less memory and faster than
+  storing every state. ``xs`` is a pytree of ``[T, ...]`` arrays (``None``
+  leaves allowed); the time axis is zero-padded to a multiple of ``chunk``, so
+  a zero input must leave the carry unchanged (true of every recurrence
+  here: zero keys, values, steps and log decays). Returns ``(carry, ys)``
+  with ``ys`` cut back to ``T`` steps.
+  """
+  t = jax.tree_util.tree_leaves(xs)[0].shape[0]
+  c = max(1, min(chunk, t))
+  n = -(-t // c)
+  split = lambda x: pad_axis(x, c, axis=0).reshape((n, c) + x.shape[1:])
+  inner = jax.checkpoint(lambda carry, x: jax.lax.scan(body, carry, x))
+  carry, ys = jax.lax.scan(inner, init, jax.tree_util.tree_map(split, xs))
+  return carry, jax.tree_util.tree_map(lambda y: y.reshape((n * c,) + y.shape[2:])[:t], ys)

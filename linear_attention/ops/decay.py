@@ -91,6 +91,7 @@ def decay_linear_attention(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    implementation: str | None = None,
 ):
   """Linear attention with a diagonal decay of the state.
 
@@ -110,12 +111,27 @@ def decay_linear_attention(
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; the
       state is reset to zero where the id changes. ``initial_state`` applies to
       the first segment of each row; the returned state is that of the last.
+    implementation: ``None`` (the Pallas chunk kernel on GPU and TPU when it
+      supports the arguments, XLA otherwise and always on CPU), ``"xla"``, or
+      ``"pallas"`` (:mod:`linear_attention.kernels.chunk_decay`; on CPU it
+      runs in interpret mode: exact but slow). The kernel implements
+      ``form="chunk"`` with its own block sizes (``chunk_size`` is then
+      unused); with ``segment_ids``, another form or a dtype other than
+      float32/bfloat16/float16, ``"pallas"`` raises a ``ValueError``.
 
   Returns:
     ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``
     with ``state`` ``[B, H, K, V]`` in float32.
   """
   _, t, _, dk, _ = _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids)
+  from linear_attention.kernels import chunk_decay as kernel  # lazy: kernels import ops
+
+  unsupported = kernel.unsupported_arguments(q, log_decay, segment_ids)
+  if form != "chunk":
+    unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
+  if kernel.resolve_implementation(implementation, unsupported):
+    return kernel.chunk_decay_attention(q, k, v, log_decay, scale=scale,
+                                        initial_state=initial_state, return_state=return_state)
   o, state = _forward(q, k, v, log_decay, initial_state, segment_ids,
                       scale=common.resolve_scale(scale, dk), form=form,
                       chunk_size=min(chunk_size, t))
@@ -189,15 +205,10 @@ def _step(q, k, v, g, state):
   return jnp.einsum("bhk,bhkv->bhv", q, state), state
 
 
-def _zero_state(qh, vh):
-  b, h, _, dk = qh.shape
-  return jnp.zeros((b, h, dk, vh.shape[-1]), qh.dtype)
-
-
 def _recurrent(qh, kh, vh, g, s0, seg):
   """Token-by-token ``lax.scan``; inputs ``[B, H, T, *]``."""
   t = qh.shape[2]
-  state = _zero_state(qh, vh) if s0 is None else s0
+  state = common.zero_state(qh, vh) if s0 is None else s0
   starts = (jnp.zeros(qh.shape[:1] + (t,), bool) if seg is None
             else jnp.concatenate([jnp.zeros_like(seg[:, :1]), jnp.diff(seg, axis=1)], 1) > 0)
   move = lambda x: jnp.moveaxis(x, 2, 0)
@@ -209,7 +220,7 @@ def _recurrent(qh, kh, vh, g, s0, seg):
     o_t, s = _step(q_t, k_t, v_t, g_t, s)
     return s, o_t
 
-  state, o = lax.scan(body, state, xs)
+  state, o = common.remat_scan(body, state, xs)
   return jnp.moveaxis(o, 0, 2), state
 
 
@@ -323,7 +334,7 @@ def _chunk(qh, kh, vh, g, s0, seg, chunk_size, block_chunks=_BLOCK_CHUNKS):
                               None if seg_b is None else seg_b[1])
     return state, o_b
 
-  init = _zero_state(qh, vh) if s0 is None else s0
+  init = common.zero_state(qh, vh) if s0 is None else s0
   state, o = lax.scan(body, init, (split(qh), split(kh), split(vh), split(g), segb))
   o = jnp.moveaxis(o, 0, 2)
   return o.reshape(o.shape[:2] + (n * block,) + o.shape[4:])[:, :, :t], state
@@ -383,7 +394,7 @@ def _chunk_block(qh, kh, vh, g, s0, seg, chunk_size, seg_prev):
     a, loc = x
     return a * state + loc, state
 
-  init = _zero_state(qh, vh) if s0 is None else s0
+  init = common.zero_state(qh, vh) if s0 is None else s0
   state, entering = lax.scan(
       body, init, (jnp.moveaxis(decay_kv, 2, 0), jnp.moveaxis(local, 2, 0)))
   entering = jnp.moveaxis(entering, 0, 2)  # [B,H,N,K,V]: the state before each chunk

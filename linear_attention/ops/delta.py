@@ -267,7 +267,7 @@ def _recurrent(qh, kh, vh, bh, g, s0, seg):
     o_t, s = _step(q_t, k_t, v_t, b_t, g_t, s)
     return s, o_t
 
-  state, o = lax.scan(body, state, xs)
+  state, o = common.remat_scan(body, state, xs)
   return jnp.moveaxis(o, 0, 2), state
 
 

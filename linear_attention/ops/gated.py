@@ -51,7 +51,8 @@ def _check_param(name: str, x: Array, expected, what: str) -> None:
 
 def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = None,
         form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
-        return_state: bool = False, segment_ids: Array | None = None):
+        return_state: bool = False, segment_ids: Array | None = None,
+        implementation: str | None = None):
   """Gated linear attention (Yang et al. 2023, arXiv:2312.06635).
 
   ``S_t = diag(exp(log_g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
@@ -63,6 +64,8 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
     scale: ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
+    implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
+      choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with the
@@ -72,7 +75,8 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
   _check_log_gate("log_g", log_g, (b, t, h, dk), "[B, T, H, K]")
   return decay.decay_linear_attention(
       q, k, v, log_g, scale=scale, form=form, chunk_size=chunk_size,
-      initial_state=initial_state, return_state=return_state, segment_ids=segment_ids)
+      initial_state=initial_state, return_state=return_state, segment_ids=segment_ids,
+      implementation=implementation)
 
 
 def gla_step(q: Array, k: Array, v: Array, state: Array, log_g: Array, *,
@@ -118,7 +122,8 @@ def _retention_log_gamma(gamma: Array | None, heads: int) -> Array:
 def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
               scale: float | None = None, form: str = "chunk", chunk_size: int = 64,
               initial_state: Array | None = None, return_state: bool = False,
-              segment_ids: Array | None = None):
+              segment_ids: Array | None = None,
+              implementation: str | None = None):
   """RetNet retention, recurrent view (Sun et al. 2023, arXiv:2307.08621).
 
   ``S_t = gamma_h S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``, a fixed
@@ -130,6 +135,8 @@ def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
     scale: ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
+    implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
+      choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
@@ -138,7 +145,8 @@ def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
   log_decay = jnp.broadcast_to(_retention_log_gamma(gamma, h), (b, t, h))
   return decay.decay_linear_attention(
       q, k, v, log_decay, scale=scale, form=form, chunk_size=chunk_size,
-      initial_state=initial_state, return_state=return_state, segment_ids=segment_ids)
+      initial_state=initial_state, return_state=return_state, segment_ids=segment_ids,
+      implementation=implementation)
 
 
 def retention_step(q: Array, k: Array, v: Array, state: Array, *, gamma: Array | None = None,
@@ -167,7 +175,8 @@ def _hgrn2_key(log_f: Array, dtype) -> Array:
 
 def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
           form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
-          return_state: bool = False, segment_ids: Array | None = None):
+          return_state: bool = False, segment_ids: Array | None = None,
+          implementation: str | None = None):
   """HGRN2 (Qin et al. 2024, arXiv:2404.07904): the forget gate doubles as the key.
 
   ``S_t = diag(f_t) S_{t-1} + (1 - f_t) v_t^T``, ``o_t = scale * S_t^T q_t``,
@@ -181,6 +190,8 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
     scale: output scale; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
+    implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
+      choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
@@ -190,7 +201,7 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
   return decay.decay_linear_attention(
       q, _hgrn2_key(log_f, q.dtype), v, log_f, scale=scale, form=form,
       chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
-      segment_ids=segment_ids)
+      segment_ids=segment_ids, implementation=implementation)
 
 
 def hgrn2_step(q: Array, log_f: Array, v: Array, state: Array, *, scale: float | None = 1.0):
@@ -214,7 +225,8 @@ def hgrn2_step(q: Array, log_f: Array, v: Array, state: Array, *, scale: float |
 
 def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float | None = 1.0,
           form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
-          return_state: bool = False, segment_ids: Array | None = None):
+          return_state: bool = False, segment_ids: Array | None = None,
+          implementation: str | None = None):
   """RWKV-6 "Finch" time mixing (Peng et al. 2024, arXiv:2404.05892).
 
   ``o_t = scale * r_t^T (S_{t-1} + diag(u) k_t v_t^T)``,
@@ -237,6 +249,8 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
     scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
+    implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
+      choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)``.
@@ -256,7 +270,8 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
     k_late = jnp.where(common.segment_starts(segment_ids)[..., None, None], 0.0, k_late)
   o, state = decay.decay_linear_attention(
       r32, k_late, late(v32), late(log_w), scale=scale, form=form, chunk_size=chunk_size,
-      initial_state=initial_state, return_state=True, segment_ids=segment_ids)
+      initial_state=initial_state, return_state=True, segment_ids=segment_ids,
+      implementation=implementation)
   bonus = jnp.sum(r32 * u.astype(acc) * k32, axis=-1, keepdims=True) * v32
   o = (o + scale * bonus).astype(r.dtype)
   if not return_state:
@@ -335,7 +350,8 @@ def _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus):
 def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = None, *,
         dt_bias: Array | None = None, dt_softplus: bool = False, scale: float | None = 1.0,
         form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
-        return_state: bool = False, segment_ids: Array | None = None):
+        return_state: bool = False, segment_ids: Array | None = None,
+        implementation: str | None = None):
   """Mamba-2's state-space duality layer core, SSD (Dao & Gu 2024, arXiv:2405.21060).
 
   ``h_t = exp(dt_t A) h_{t-1} + B_t (dt_t x_t)^T``, ``y_t = h_t^T C_t + D x_t``
@@ -356,6 +372,8 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
       :func:`~linear_attention.ops.decay.decay_linear_attention`.
     initial_state: ``[batch, H, N, P]`` float32 (Mamba-2's kernels store the
       transpose, ``[batch, H, P, N]``).
+    implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
+      choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
 
   Returns:
     ``y`` ``[batch, T, H, P]`` in the dtype of ``x``, or ``(y, state)`` with
@@ -365,7 +383,8 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
   q, k, v, log_decay, skip = _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus)
   y, state = decay.decay_linear_attention(
       q, k, v, log_decay, scale=scale, form=form, chunk_size=chunk_size,
-      initial_state=initial_state, return_state=True, segment_ids=segment_ids)
+      initial_state=initial_state, return_state=True, segment_ids=segment_ids,
+      implementation=implementation)
   y = (y + skip).astype(x.dtype)
   return (y, state) if return_state else y
 

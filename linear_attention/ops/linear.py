@@ -81,6 +81,7 @@ def linear_attention(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    implementation: str | None = None,
 ):
   """Kernelized linear attention, causal or not, with an optional normaliser.
 
@@ -108,12 +109,16 @@ def linear_attention(
       first segment reads.
     return_state: also return the state after the last token.
     segment_ids: ``[B, T]`` ints; packed sequences never see each other.
+    implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
+      choice for the recurrent paths (see
+      :func:`~linear_attention.ops.decay.decay_linear_attention`).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
   """
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_segment_ids(segment_ids, b, t)
+  common.check_choice("implementation", implementation, (None, "xla", "pallas"))
   phi_q, phi_k, engine_scale, _ = _features(
       q, k, feature_map, scale=scale, key=key, num_features=num_features,
       projection=projection, normalize=normalize)
@@ -125,7 +130,8 @@ def linear_attention(
   if causal:
     out, state = decay.decay_linear_attention(
         phi_q, phi_k, vv, scale=engine_scale, form=form, chunk_size=chunk_size,
-        initial_state=initial_state, return_state=True, segment_ids=segment_ids)
+        initial_state=initial_state, return_state=True, segment_ids=segment_ids,
+        implementation=implementation)
   elif segment_ids is None:
     state = jnp.einsum("bthf,bthv->bhfv", phi_k, vv)
     if initial_state is not None:
@@ -135,7 +141,7 @@ def linear_attention(
     # Segment-restricted global sums: forward prefix + backward suffix - self.
     run = lambda a, b_, c, seg, s0: decay.decay_linear_attention(
         a, b_, c, scale=engine_scale, form=form, chunk_size=chunk_size,
-        initial_state=s0, return_state=True, segment_ids=seg)
+        initial_state=s0, return_state=True, segment_ids=seg, implementation=implementation)
     fwd, state = run(phi_q, phi_k, vv, segment_ids, initial_state)
     flip = lambda x: jnp.flip(x, axis=1)
     bwd, _ = run(flip(phi_q), flip(phi_k), flip(vv), flip(segment_ids), None)

@@ -57,6 +57,7 @@ def linear_scan(
     reverse: bool = False,
     segment_ids: Array | None = None,
     return_state: bool = False,
+    implementation: str | None = None,
 ):
   """``h_t = a_t * h_{t-1} + b_t`` along axis 1, elementwise over the rest.
 
@@ -72,6 +73,12 @@ def linear_scan(
       segment begins (``h_t = b_t`` there), so packed sequences never mix.
     return_state: also return the final state (``h`` at ``T - 1``, or at ``0``
       when ``reverse``).
+    implementation: ``None`` (the Pallas scan kernel on GPU and TPU when it
+      supports the arguments, XLA otherwise and always on CPU), ``"xla"``, or
+      ``"pallas"`` (:mod:`linear_attention.kernels.scan`; on CPU it runs in
+      interpret mode: exact but slow). The kernel replaces ``form="chunk"``
+      (``chunk_size`` is then unused); with another form or complex/float64
+      inputs, ``"pallas"`` raises a ``ValueError``.
 
   Returns:
     ``h`` ``[B, T, ...]`` in the dtype of ``b``, or ``(h, state)`` with ``state``
@@ -91,6 +98,12 @@ def linear_scan(
   common.check_choice("form", form, SCAN_FORMS)
   common.check_positive_int("chunk_size", chunk_size)
   common.check_segment_ids(segment_ids, bsz, t)
+  from linear_attention.kernels import scan as kernel  # lazy: kernels import ops
+
+  unsupported = kernel.unsupported_arguments(a, b, h0)
+  if form != "chunk":
+    unsupported["form"] = f"{form!r} (the kernel replaces the chunk form)"
+  use_pallas = kernel.resolve_implementation(implementation, unsupported)
 
   out_dtype = b.dtype
   acc = acc_dtype(a.dtype, b.dtype, *(() if h0 is None else (h0.dtype,)))
@@ -103,7 +116,9 @@ def linear_scan(
     starts = common.segment_starts(segment_ids)
     a = jnp.where(starts.reshape(starts.shape + (1,) * (a.ndim - 2)), 0, a)
 
-  if form == "recurrent":
+  if use_pallas:
+    h, state = kernel.linear_scan(a, b, h0=h0, return_state=True)
+  elif form == "recurrent":
     h, state = _recurrent(a, b, h0)
   elif form == "associative":
     h, state = _associative(a, b, h0)

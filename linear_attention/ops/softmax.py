@@ -12,6 +12,9 @@ Two implementations of one function, :func:`softmax_attention`:
   ``jax.custom_vjp``) recomputes the probabilities block by block from the
   saved per-query log-sum-exp, as in FlashAttention-2 (``dq`` per query block
   looping over key blocks, ``dk, dv`` per key block looping over query blocks).
+* ``pallas``: the same algorithm as a Pallas kernel for GPU (Triton) and TPU
+  (``kernels/flash_attention.py``); ``implementation=None`` picks it on those
+  backends, and ``"xla"`` picks naive or blockwise by length.
 
 The block machinery is shared with ``ops/sparse.py``:
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +52,7 @@ from linear_attention.ops import common
 
 Array = jax.Array
 
-IMPLEMENTATIONS = ("naive", "blockwise")
+IMPLEMENTATIONS = ("naive", "blockwise", "xla", "pallas")
 # Longest sequence for which implementation=None picks the naive path: its
 # float32 logits are B*H*T*T*4 bytes (16 MiB per batch row and head at 2048).
 NAIVE_MAX_LEN = 1024
@@ -397,10 +401,13 @@ def softmax_attention(
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; a
       query sees only keys of its own segment (a maximal run of equal ids).
     implementation: ``"naive"`` (materialises ``[B, H, T, T]`` float32 logits),
-      ``"blockwise"`` (online softmax, ``O(T)`` memory, custom backward) or
-      ``None``: naive for ``T <= NAIVE_MAX_LEN`` (1024), blockwise above.
+      ``"blockwise"`` (online softmax, ``O(T)`` memory, custom backward),
+      ``"xla"``: naive for ``T <= NAIVE_MAX_LEN`` (1024), blockwise above,
+      ``"pallas"``: the FlashAttention-2 kernel (GPU or TPU only; float32,
+      bfloat16 or float16), or ``None``: ``"pallas"`` where it runs, else ``"xla"``.
     block_size: query and key block length of the blockwise path (any ``T``
-      works: padded inside; capped at ``T``).
+      works: padded inside; capped at ``T``). The Pallas kernel uses its own
+      default block sizes.
 
   Returns:
     ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``. Softmax statistics
@@ -408,11 +415,13 @@ def softmax_attention(
   """
   b, t, _, dk, _ = common.check_qkv(q, k, v)
   common.check_segment_ids(segment_ids, b, t)
-  if implementation is not None:
-    common.check_choice("implementation", implementation, IMPLEMENTATIONS)
+  check_implementation(implementation)
   common.check_positive_int("block_size", block_size)
   scale = common.resolve_scale(scale, dk)
-  if implementation is None:
+  implementation = resolve_implementation(implementation, q, k, v)
+  if implementation == "pallas":
+    return pallas_attention(q, k, v, causal=bool(causal), scale=scale, segment_ids=segment_ids)
+  if implementation == "xla":
     implementation = "naive" if t <= NAIVE_MAX_LEN else "blockwise"
   if implementation == "naive":
     o = _naive(q, k, v, segment_ids, scale=float(scale), causal=bool(causal))
@@ -420,3 +429,46 @@ def softmax_attention(
     o, _ = self_attention_stats(q, k, v, segment_ids, scale=scale, block_size=block_size,
                                 causal=causal)
   return o.astype(q.dtype)
+
+
+def _kernel():
+  """``kernels/flash_attention.py``, imported late (kernels import ops; the package
+  attribute ``kernels.flash_attention`` is the function, hence ``import_module``)."""
+  return importlib.import_module("linear_attention.kernels.flash_attention")
+
+
+def check_implementation(implementation: str | None) -> None:
+  """Raises unless ``implementation`` is one of :data:`IMPLEMENTATIONS` or ``None``."""
+  if implementation is not None and implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation must be one of ['naive', 'blockwise'] (XLA paths), 'xla' (naive or "
+        f"blockwise by length), 'pallas' or None, got {implementation!r}."
+    )
+
+
+def resolve_implementation(implementation: str | None, q: Array, k: Array, v: Array) -> str:
+  """``None`` -> ``"pallas"`` when the kernel runs natively for these inputs, else ``"xla"``."""
+  if implementation is not None:
+    return implementation
+  return "pallas" if _kernel().supported(q, k, v) else "xla"
+
+
+def pallas_attention(q: Array, k: Array, v: Array, *, causal: bool, scale: float,
+                     segment_ids: Array | None, window: int | None = None) -> Array:
+  """The Pallas kernel behind ``implementation="pallas"``; shapes as in :func:`softmax_attention`.
+
+  Raises a ``ValueError`` naming the argument when the kernel cannot run here
+  (no GPU or TPU backend, or an unsupported dtype).
+  """
+  fa = _kernel()
+  if fa.default_backend() is None:
+    raise ValueError(
+        f"implementation='pallas' needs a GPU or TPU backend, got {jax.default_backend()!r} "
+        "(use 'xla' or None; kernels.flash_attention runs in interpret mode on CPU)."
+    )
+  if jnp.dtype(q.dtype) not in fa.SUPPORTED_DTYPES:
+    raise ValueError(
+        f"q must be float32, bfloat16 or float16 with implementation='pallas', got {q.dtype}."
+    )
+  return fa.flash_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
+                            window=window)

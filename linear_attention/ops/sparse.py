@@ -79,6 +79,7 @@ def sliding_window_attention(
     scale: float | None = None,
     segment_ids: Array | None = None,
     block_size: int | None = None,
+    implementation: str | None = None,
 ) -> Array:
   """Softmax attention restricted to a sliding window of keys.
 
@@ -96,14 +97,23 @@ def sliding_window_attention(
       least ``window``, clipped to ``[16, 128]``. Each query block visits
       ``ceil((window - 1) / block_size) + 1`` key blocks (twice that minus one
       if not causal).
+    implementation: ``"xla"`` (the blockwise path above), ``"pallas"`` (the
+      FlashAttention-2 kernel, GPU or TPU only; it skips key blocks outside
+      the band too; ``block_size`` does not apply) or ``None``: ``"pallas"``
+      where it runs, else ``"xla"``.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``.
   """
   _, _, _, dk, _ = _check_common(q, k, v, segment_ids)
   common.check_positive_int("window", window)
+  if implementation is not None:
+    common.check_choice("implementation", implementation, ("xla", "pallas"))
   block = _window_block(window, block_size)
   scale = common.resolve_scale(scale, dk)
+  if sm.resolve_implementation(implementation, q, k, v) == "pallas":
+    return sm.pallas_attention(q, k, v, causal=bool(causal), scale=scale,
+                               segment_ids=segment_ids, window=window)
   o, _ = sm.self_attention_stats(q, k, v, segment_ids, scale=scale, block_size=block,
                                  causal=causal, window=window)
   return o.astype(q.dtype)

@@ -492,10 +492,8 @@ def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *
 def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids, chunk_size):
   """``lax.scan`` that keeps only the ``[B, D, N]`` state (no ``[B, T, D, N]`` tensor).
 
-  The tokens go through in chunks of ``chunk_size``, each chunk a rematerialised
-  (``jax.checkpoint``) scan: the backward pass stores one state per chunk
-  instead of one per token and recomputes the rest, which is both less memory
-  and, measured on CPU, faster than storing every state.
+  The tokens go through in rematerialised chunks of ``chunk_size``
+  (:func:`linear_attention.ops.common.remat_scan`).
   """
   bsz, t, d = dx.shape
   state = jnp.zeros((bsz, d, A.shape[1]), dx.dtype) if h0 is None else h0
@@ -508,14 +506,10 @@ def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids, chunk_size):
     h = jnp.exp(delta_t[..., None] * A) * h + dx_t[..., None] * _bc(b_t, d, 2)
     return h, jnp.sum(h * _bc(c_t, d, 2), axis=-1)
 
-  c = min(chunk_size, t)
-  n = -(-t // c)
-  # Padding with delta = dx = 0 and no segment start leaves the state unchanged.
-  pad = lambda v: common.pad_axis(v, c, axis=1)
-  chunks = lambda v: jnp.moveaxis(pad(v), 1, 0).reshape((n, c, bsz) + v.shape[2:])
-  chunk = jax.checkpoint(lambda h, xs: lax.scan(body, h, xs))
-  state, y = lax.scan(chunk, state, tuple(chunks(v) for v in (delta, dx, B, C, starts)))
-  return jnp.moveaxis(y.reshape((n * c, bsz, d)), 0, 1)[:, :t], state
+  move = lambda v: jnp.moveaxis(v, 1, 0)
+  state, y = common.remat_scan(body, state, tuple(move(v) for v in (delta, dx, B, C, starts)),
+                               chunk_size)
+  return move(y), state
 
 
 def selective_scan_step(

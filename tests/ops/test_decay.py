@@ -233,3 +233,18 @@ def test_long_sequence_runs_in_blocks(decay):
                                     segment_ids=seg, return_state=True)
   assert_close(o, want_o, 1e-4, 1e-4)
   assert_close(s, want_s, 1e-4, 1e-4)
+
+
+def test_inside_shard_map_without_initial_state():
+  """The zero state carried by the scans varies like the inputs inside shard_map."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.make_mesh((1,), ("x",))
+  put = lambda x: jax.device_put(x, NamedSharding(mesh, P("x")))
+  kq, kg = keys(11, 2)
+  q, g, beta = rand(kq, (2, 8, 2, 4)), -jax.random.uniform(kg, (2, 8, 2)), jnp.full((2, 8, 2), 0.5)
+  cases = [lambda q, g: ops.decay_linear_attention(q, q, q, g, chunk_size=4),
+           lambda q, g: ops.decay_linear_attention(q, q, q, g, form="recurrent"),
+           lambda q, b: ops.deltanet(q, q, q, b, chunk_size=4)]
+  for fn, second in zip(cases, (g, g, beta)):
+    sharded = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x")))
+    assert_close(sharded(put(q), put(second)), fn(q, second))

@@ -1,0 +1,109 @@
+"""Shared defaults of every experiment config and the ``key=value,...`` argument parser.
+
+A config file ``configs/<task>.py`` defines ``get_config(arg)``; ``arg`` is the text after
+the colon in ``--config=configs/mqar.py:mixer=gla,size=smoke``. The returned ConfigDict is
+locked: overriding a key that does not exist (a typo) is an error before anything runs.
+
+Fields:
+  data.*    passed to ``linear_attention.data.make_dataset`` (task-specific fields).
+  model.*   mixer or pattern (names from ``linear_attention.nn.MIXERS`` / ``PATTERN_LETTERS``),
+            d_model, num_layers, num_heads, mlp_ratio, tie_embeddings, mixer_kwargs
+            ({mixer name: {kwarg: value}}), pooling (classifiers), dtype (compute dtype).
+  optim.*   lr (peak), warmup_steps, final_lr_ratio (cosine end / peak), weight_decay,
+            b1, b2, eps, clip_norm (global norm; <= 0 disables).
+  train.*   steps, eval_every, eval_batches (0: the dataset's default), log_every, seed
+            (parameter init), checkpoint_every, keep_checkpoints, async_checkpoints.
+  mesh.*    data (devices on the data axis, -1 = all), fsdp (shard params and optimizer
+            state over that axis instead of replicating them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import ml_collections
+
+_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def parse_arg(arg: str | None, defaults: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """Parses ``"k1=v1,k2=v2"`` against ``defaults`` (which fixes the valid keys and types).
+
+  Returns:
+    A ConfigDict with every key of ``defaults``, overridden by ``arg``.
+
+  Raises:
+    ValueError: an item without ``=``, an unknown key (listing the valid ones) or a value
+      that does not parse as the default's type.
+  """
+  out = dict(defaults)
+  for item in (arg or "").split(","):
+    item = item.strip()
+    if not item:
+      continue
+    if "=" not in item:
+      raise ValueError(f"config argument item {item!r} must be key=value; valid keys: "
+                       f"{sorted(defaults)}.")
+    key, value = (s.strip() for s in item.split("=", 1))
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r}; valid keys: {sorted(defaults)}.")
+    default = defaults[key]
+    try:
+      if isinstance(default, bool):
+        if value.lower() not in _BOOL:
+          raise ValueError
+        out[key] = _BOOL[value.lower()]
+      elif isinstance(default, int):
+        out[key] = int(value)
+      elif isinstance(default, float):
+        out[key] = float(value)
+      else:
+        out[key] = value
+    except ValueError:
+      raise ValueError(f"config argument {key}={value!r} must be a "
+                       f"{type(default).__name__}.") from None
+  return ml_collections.ConfigDict(out)
+
+
+def check_choice(name: str, value: str, choices) -> None:
+  """ValueError naming ``name`` unless ``value`` is in ``choices``."""
+  if value not in choices:
+    raise ValueError(f"config argument {name}={value!r} is not valid; choose one of "
+                     f"{list(choices)}.")
+
+
+def base_config(task: str) -> ml_collections.ConfigDict:
+  """Every field with its shared default; ``data`` starts from the task's defaults."""
+  from linear_attention import data
+
+  c = ml_collections.ConfigDict()
+  c.data = data.default_data_config(task)
+  c.model = ml_collections.ConfigDict(dict(
+      mixer="gla", pattern="", d_model=128, num_layers=2, num_heads=4, mlp_ratio=8 / 3,
+      tie_embeddings=True, mixer_kwargs=ml_collections.ConfigDict(), pooling="mean",
+      dtype="float32"))
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-3, warmup_steps=100, final_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.95,
+      eps=1e-8, clip_norm=1.0))
+  c.train = ml_collections.ConfigDict(dict(
+      steps=1000, eval_every=250, eval_batches=0, log_every=50, seed=0,
+      checkpoint_every=250, keep_checkpoints=2, async_checkpoints=True))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=False))
+  return c
+
+
+def apply_model_args(c: ml_collections.ConfigDict, args: ml_collections.ConfigDict) -> None:
+  """Sets ``model.mixer``/``model.pattern`` from the parsed argument, validating the names."""
+  from linear_attention import models
+
+  c.model.mixer = args.mixer
+  c.model.pattern = args.get("pattern", "")
+  # Fail at config time (unknown mixer -> list of valid ones), not after the data is built.
+  models.resolve_pattern(max(c.model.num_layers, 1), None if c.model.pattern else c.model.mixer,
+                         c.model.pattern or None)
+
+
+def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Locks ``c`` so that overriding an unknown key raises."""
+  c.lock()
+  return c

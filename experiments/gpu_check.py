@@ -1,0 +1,266 @@
+"""GPU check of the Pallas kernels: correctness against the XLA twins, then timings.
+
+Run on a GPU machine (one H200 budgeted at under 5 minutes in total)::
+
+    python experiments/gpu_check.py --out results/gpu_check.json
+
+and on any machine, in interpret mode with tiny shapes (a sanity run of the
+whole script, no meaningful timings)::
+
+    python experiments/gpu_check.py --smoke
+
+Sections (each writes its own entry in the JSON; one failing section is
+recorded and the others still run):
+
+1. ``chunk_decay``: the chunk kernel vs ``ops.decay_linear_attention`` (XLA
+   chunk form) for no / scalar / per-channel decay, forward and gradients;
+   then bfloat16 timings (B=4, T=8192, H=16, K=V=128, causal, GLA-style
+   per-channel decay) of forward and forward+backward for the Pallas kernel,
+   the XLA chunk form and, when ``fla`` (wheel ``fla-core``) imports,
+   flash-linear-attention's ``chunk_gla`` through torch.
+2. ``scan``: the linear-scan kernel vs ``ops.linear_scan`` and timings.
+3. ``flash``: :func:`flash_section` (flash attention; filled in by its kernel's
+   author).
+
+Achieved TFLOP/s count the chunk algorithm's matmul FLOPs (see
+:func:`chunk_flops`), the same count for every implementation, so the TFLOP/s
+ratio equals the speed ratio. Only ``linear_attention.ops`` and
+``linear_attention.kernels`` are imported (no ml-collections, no flax).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from linear_attention import ops  # noqa: E402
+from linear_attention.kernels import chunk_decay as cd  # noqa: E402
+from linear_attention.kernels import scan as scan_kernel  # noqa: E402
+
+
+def timeit(fn, *args, reps: int = 10) -> float:
+  """Median wall time in ms of ``fn(*args)`` (compiled and warmed up first)."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return 1e3 * float(np.median(times))
+
+
+def max_rel_err(a, b) -> float:
+  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+  return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-6))
+
+
+def chunk_flops(b, t, h, dk, dv, chunk=64) -> float:
+  """Forward matmul FLOPs of the chunk algorithm: in-chunk scores and their
+  product with ``v`` (``2 T C (K + V)``), the state read and the state update
+  (``2 * 2 T K V``), per batch row and head. Forward+backward counts 3x."""
+  return 2.0 * b * h * t * (chunk * (dk + dv) + 2 * dk * dv)
+
+
+def _inputs(b, t, h, dk, dv, decay, dtype, seed=0):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 5)
+  q = jax.random.normal(ks[0], (b, t, h, dk), jnp.float32).astype(dtype)
+  k = (jax.random.normal(ks[1], (b, t, h, dk), jnp.float32) * dk ** -0.5).astype(dtype)
+  v = jax.random.normal(ks[2], (b, t, h, dv), jnp.float32).astype(dtype)
+  shape = {"none": None, "scalar": (b, t, h), "vector": (b, t, h, dk)}[decay]
+  # GLA's gate: logsigmoid(x) / 16.
+  g = None if shape is None else jax.nn.log_sigmoid(jax.random.normal(ks[3], shape)) / 16
+  s0 = jax.random.normal(ks[4], (b, h, dk, dv), jnp.float32)
+  return q, k, v, g, s0
+
+
+# ------------------------------------------------------------------ chunk kernel
+
+
+def chunk_decay_section(args) -> dict:
+  smoke = args.smoke
+  out = {"checks": {}, "timings": {}}
+  b, t, h, dk, dv = (1, 40, 2, 16, 32) if smoke else (2, 1000, 4, 64, 128)
+  bs = cd.BlockSizes(chunk=32, sub_chunk=16, block_v=16) if smoke else None
+  for decay in ("none", "scalar", "vector"):
+    q, k, v, g, s0 = _inputs(b, t, h, dk, dv, decay, jnp.float32)
+    kern = jax.jit(lambda q, k, v, g, s0: cd.chunk_decay_attention(
+        q, k, v, g, initial_state=s0, return_state=True, block_sizes=bs))
+    xla = jax.jit(lambda q, k, v, g, s0: ops.decay_linear_attention(
+        q, k, v, g, initial_state=s0, return_state=True, implementation="xla"))
+    names = ("q", "k", "v", "s0") if g is None else ("q", "k", "v", "log_decay", "s0")
+    argnums = (0, 1, 2, 4) if g is None else (0, 1, 2, 3, 4)
+    loss = lambda f: jax.jit(jax.grad(
+        lambda *a: jnp.sum(f(*a)[0] ** 2) + jnp.sum(f(*a)[1]), argnums=argnums))
+    o1, s1 = kern(q, k, v, g, s0)
+    o2, s2 = xla(q, k, v, g, s0)
+    g1, g2 = loss(kern)(q, k, v, g, s0), loss(xla)(q, k, v, g, s0)
+    errs = {"o": max_rel_err(o1, o2), "state": max_rel_err(s1, s2)}
+    errs.update({f"d{n}": max_rel_err(x, y) for n, x, y in zip(names, g1, g2)})
+    errs["ok"] = bool(max(errs.values()) < 1e-3)
+    out["checks"][f"float32_{decay}"] = errs
+
+  b, t, h, dk, dv = (1, 64, 2, 16, 16) if smoke else (4, 8192, 16, 128, 128)
+  q, k, v, g, _ = _inputs(b, t, h, dk, dv, "vector", jnp.bfloat16)
+  flops = chunk_flops(b, t, h, dk, dv)
+  impls = {
+      "pallas": lambda q, k, v, g: cd.chunk_decay_attention(q, k, v, g, block_sizes=bs),
+      "xla_chunk": lambda q, k, v, g: ops.decay_linear_attention(q, k, v, g, implementation="xla"),
+  }
+  reps = 2 if smoke else 10
+  for name, f in impls.items():
+    fwd = jax.jit(f)
+    fwdbwd = jax.jit(jax.grad(lambda q, k, v, g: jnp.sum(f(q, k, v, g).astype(jnp.float32)),
+                              argnums=(0, 1, 2, 3)))
+    ms_f, ms_fb = timeit(fwd, q, k, v, g, reps=reps), timeit(fwdbwd, q, k, v, g, reps=reps)
+    out["timings"][name] = {"fwd_ms": ms_f, "fwdbwd_ms": ms_fb,
+                            "fwd_tflops": flops / ms_f / 1e9, "fwdbwd_tflops": 3 * flops / ms_fb / 1e9}
+  try:
+    fla = fla_chunk_gla_timings(q, k, v, g, flops, reps) if not smoke else {"skipped": "smoke run"}
+  except Exception:  # noqa: BLE001 - fla's API drifts between versions; keep our numbers
+    fla = {"error": traceback.format_exc()[-2000:]}
+  out["timings"]["fla_chunk_gla"] = fla
+  base = out["timings"]["pallas"]
+  for other in ("xla_chunk", "fla_chunk_gla"):
+    o = out["timings"].get(other, {})
+    if "fwd_ms" in o:  # > 1: the Pallas kernel is faster
+      out[f"speedup_vs_{other}"] = {"fwd": o["fwd_ms"] / base["fwd_ms"],
+                                    "fwdbwd": o["fwdbwd_ms"] / base["fwdbwd_ms"]}
+  out["shape"] = dict(B=b, T=t, H=h, K=dk, V=dv, dtype="bfloat16", decay="per key channel")
+  return out
+
+
+def fla_chunk_gla_timings(q, k, v, g, flops, reps) -> dict:
+  """flash-linear-attention's Triton ``chunk_gla`` (torch), for comparison only."""
+  try:
+    import torch
+    from fla.ops.gla import chunk_gla
+  except Exception as e:  # noqa: BLE001 - any import failure means: not available
+    return {"skipped": f"fla not importable: {e!r}"}
+  dev = "cuda"
+  to_t = lambda x: torch.tensor(np.asarray(x.astype(jnp.float32)), device=dev)
+  tq, tk, tv = (to_t(x).to(torch.bfloat16).requires_grad_() for x in (q, k, v))
+  tg = to_t(g).requires_grad_()  # fla layout is also [B, T, H, K]
+
+  def run(bwd):
+    o, _ = chunk_gla(tq, tk, tv, tg, scale=q.shape[-1] ** -0.5)
+    if bwd:
+      o.float().sum().backward()
+    return o
+
+  def time_torch(bwd):
+    run(bwd)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      run(bwd)
+      torch.cuda.synchronize()
+      ts.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(ts))
+
+  with torch.no_grad():
+    ms_f = time_torch(False)
+  ms_fb = time_torch(True)
+  return {"fwd_ms": ms_f, "fwdbwd_ms": ms_fb, "fwd_tflops": flops / ms_f / 1e9,
+          "fwdbwd_tflops": 3 * flops / ms_fb / 1e9}
+
+
+# -------------------------------------------------------------------- linear scan
+
+
+def scan_section(args) -> dict:
+  smoke = args.smoke
+  out = {}
+  b, t, d = (2, 21, 12) if smoke else (4, 4096, 2048)
+  ks = jax.random.split(jax.random.PRNGKey(1), 3)
+  a = jax.random.uniform(ks[0], (b, t, d), minval=0.5, maxval=1.0)
+  x = jax.random.normal(ks[1], (b, t, d))
+  h0 = jax.random.normal(ks[2], (b, d))
+  kern = lambda a, x, h0: scan_kernel.linear_scan(a, x, h0=h0, return_state=True)
+  xla = lambda a, x, h0: ops.linear_scan(a, x, h0=h0, return_state=True, implementation="xla")
+  loss = lambda f: jax.jit(jax.grad(lambda *z: jnp.sum(f(*z)[0] ** 2) + jnp.sum(f(*z)[1]),
+                                    argnums=(0, 1, 2)))
+  h1, s1 = jax.jit(kern)(a, x, h0)
+  h2, s2 = jax.jit(xla)(a, x, h0)
+  errs = {"h": max_rel_err(h1, h2), "state": max_rel_err(s1, s2)}
+  errs.update({f"d{n}": max_rel_err(p, r) for n, p, r in
+               zip(("a", "b", "h0"), loss(kern)(a, x, h0), loss(xla)(a, x, h0))})
+  errs["ok"] = bool(max(errs.values()) < 1e-3)
+  out["checks"] = {"float32": errs}
+  reps = 2 if smoke else 10
+  out["timings"] = {}
+  for name, f in (("pallas", kern), ("xla_chunk", xla)):
+    fb = jax.jit(jax.grad(lambda a, x: jnp.sum(f(a, x, h0)[0]), argnums=(0, 1)))
+    out["timings"][name] = {"fwd_ms": timeit(jax.jit(f), a, x, h0, reps=reps),
+                            "fwdbwd_ms": timeit(fb, a, x, reps=reps)}
+  out["shape"] = dict(B=b, T=t, D=d, dtype="float32")
+  return out
+
+
+# ---------------------------------------------------------------- flash attention
+
+
+def flash_section(args) -> dict:
+  """Flash attention vs cuDNN and XLA: to be filled in by the flash kernel's author.
+
+  Contract: return a JSON-able dict with ``checks`` (max relative errors and
+  an ``ok`` flag) and ``timings`` (ms and TFLOP/s per implementation), running
+  a tiny interpret-mode version when ``args.smoke``.
+  """
+  del args
+  return {"skipped": "flash attention section not written yet"}
+
+
+# --------------------------------------------------------------------------- main
+
+
+SECTIONS = {"chunk_decay": chunk_decay_section, "scan": scan_section, "flash": flash_section}
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--smoke", action="store_true",
+                 help="tiny shapes; on CPU the kernels run in interpret mode")
+  p.add_argument("--out", default="results/gpu_check.json", help="JSON output path")
+  p.add_argument("--sections", default=",".join(SECTIONS),
+                 help="comma-separated subset of " + ",".join(SECTIONS))
+  args = p.parse_args(argv)
+  if not args.smoke and jax.default_backend() != "gpu":
+    print("no GPU found: run with --smoke for the interpret-mode sanity version")
+    return 2
+  result = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+            "jax": jax.__version__, "smoke": args.smoke}
+  start = time.perf_counter()
+  failed = False
+  for name in args.sections.split(","):
+    t0 = time.perf_counter()
+    try:
+      result[name] = SECTIONS[name](args)
+    except Exception:  # noqa: BLE001 - record and go on with the other sections
+      result[name] = {"error": traceback.format_exc()}
+      failed = True
+    result[name]["seconds"] = time.perf_counter() - t0
+    print(f"== {name} ({result[name]['seconds']:.1f}s)")
+    print(json.dumps({k: v for k, v in result[name].items() if k != "seconds"}, indent=1)[:4000])
+    checks = result[name].get("checks", {})
+    failed |= any(isinstance(c, dict) and c.get("ok") is False for c in checks.values())
+  result["total_seconds"] = time.perf_counter() - start
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {args.out} in {result['total_seconds']:.0f}s; {'FAILED' if failed else 'ok'}")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,264 @@
+"""Pallas kernel: the elementwise linear scan ``h_t = a_t * h_{t-1} + b_t`` (GPU and TPU).
+
+The kernel twin of :func:`linear_attention.ops.scan.linear_scan` (RG-LRU,
+Mamba-1's selective scan). Inputs ``[B, T, ...]`` are flattened to
+``[B, T, D]``; one program owns one ``(batch, channel block)`` and walks the
+sequence in order with the float32 carry on chip. ``reverse=True`` walks from
+the end (``h_t = a_t * h_{t+1} + b_t``).
+
+Two thin entry points share the row loop (``_scan_rows``):
+
+* GPU (Triton): grid ``(B, D / block_d)``; a ``fori_loop`` over all ``T``
+  rows of the program's channel block.
+* TPU (Mosaic): grid ``(B, D / block_d, chunks)``, the chunk axis sequential
+  with the carry in a VMEM scratch; blocks ``(chunk, block_d)`` with ``chunk``
+  a multiple of 8 and ``block_d`` a multiple of 128 (or all of ``D``).
+
+The backward pass (``jax.custom_vjp``) is the same kernel run the other way
+over the output gradient: ``g_t = dh_t + a_{t+1} g_{t+1}``, then
+``db = g``, ``da_t = g_t h_{t-1}``, ``dh0 = a_0 g_0`` (mirrored for
+``reverse``). The forward keeps ``h`` in float32 for ``da``.
+
+Real float32/bfloat16/float16 only (complex ``a`` goes to XLA); the carry and
+``h`` are float32. ``segment_ids`` are handled by the caller by zeroing ``a``
+at segment starts (``ops.scan.linear_scan`` does), so the kernel needs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from linear_attention.kernels.chunk_decay import (
+    PLATFORMS,
+    SUPPORTED_DTYPES,
+    _next_pow2,
+    _round_up,
+    default_interpret,
+    default_platform,
+    resolve_implementation,
+    triton_compiler_params,
+)
+from linear_attention.ops import common
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanBlockSizes:
+  """Tiling of the scan kernel.
+
+  Attributes:
+    block_d: channels per program (a power of two on GPU; on TPU a multiple
+      of 128 or all of ``D``).
+    chunk: rows per TPU grid step (a multiple of 8); unused on GPU.
+  """
+  block_d: int = 128
+  chunk: int = 256
+
+  def __post_init__(self):
+    for name in ("block_d", "chunk"):
+      common.check_positive_int(f"block_sizes.{name}", getattr(self, name))
+
+  def check(self, platform: str) -> None:
+    """Raises unless the sizes suit ``platform``'s compiler."""
+    if platform == "tpu" and self.chunk % 8:
+      raise ValueError(f"block_sizes.chunk must be a multiple of 8 on TPU, got {self.chunk}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  reverse: bool
+  block_d: int
+  chunk: int
+  platform: str
+  interpret: object
+
+
+def _scan_rows(a_ref, b_ref, h_ref, start, count, h, reverse):
+  """Scans rows ``[start, start + count)`` (backwards when ``reverse``); returns the carry."""
+
+  def step(i, h):
+    t = start + (count - 1 - i if reverse else i)
+    h = a_ref[pl.ds(t, 1), :].astype(jnp.float32) * h + b_ref[pl.ds(t, 1), :].astype(jnp.float32)
+    h_ref[pl.ds(t, 1), :] = h.astype(h_ref.dtype)
+    return h
+
+  return lax.fori_loop(0, count, step, h)
+
+
+def _gpu_kernel(a_ref, b_ref, h0_ref, h_ref, hT_ref, *, cfg, t):
+  hT_ref[...] = _scan_rows(a_ref, b_ref, h_ref, 0, t, h0_ref[...].astype(jnp.float32),
+                           cfg.reverse)
+
+
+def _tpu_kernel(a_ref, b_ref, h0_ref, h_ref, hT_ref, carry_ref, *, cfg, t):
+  del t
+  n = pl.program_id(2)
+
+  @pl.when(n == 0)
+  def _():
+    carry_ref[...] = h0_ref[...].astype(jnp.float32)
+
+  carry_ref[...] = _scan_rows(a_ref, b_ref, h_ref, 0, cfg.chunk, carry_ref[...], cfg.reverse)
+
+  @pl.when(n == pl.num_programs(2) - 1)
+  def _():
+    hT_ref[...] = carry_ref[...]
+
+
+def _scan_call(cfg: _Config, a, b, h0):
+  """``(h, h_final)`` float32 for padded ``a, b [B, Tp, Dp]``, ``h0 [B, 1, Dp]``."""
+  bsz, tp, dp = b.shape
+  bd = cfg.block_d
+  out_shape = [jax.ShapeDtypeStruct((bsz, tp, dp), jnp.float32),
+               jax.ShapeDtypeStruct((bsz, 1, dp), jnp.float32)]
+  if cfg.platform == "gpu":
+    rows = pl.BlockSpec((None, tp, bd), lambda i, j: (i, 0, j))
+    one = pl.BlockSpec((None, 1, bd), lambda i, j: (i, 0, j))
+    return pl.pallas_call(
+        functools.partial(_gpu_kernel, cfg=cfg, t=tp), grid=(bsz, dp // bd),
+        in_specs=[rows, rows, one], out_specs=[rows, one], out_shape=out_shape,
+        compiler_params=triton_compiler_params(), interpret=cfg.interpret,
+        name="linear_scan")(a, b, h0)
+  n = tp // cfg.chunk
+  ch = (lambda k: n - 1 - k) if cfg.reverse else (lambda k: k)
+  rows = pl.BlockSpec((None, cfg.chunk, bd), lambda i, j, k: (i, ch(k), j))
+  one = pl.BlockSpec((None, 1, bd), lambda i, j, k: (i, 0, j))
+  return pl.pallas_call(
+      functools.partial(_tpu_kernel, cfg=cfg, t=tp), grid=(bsz, dp // bd, n),
+      in_specs=[rows, rows, one], out_specs=[rows, one], out_shape=out_shape,
+      scratch_shapes=[pltpu.VMEM((1, bd), jnp.float32)],
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=("parallel", "parallel", "arbitrary")),
+      interpret=cfg.interpret, name="linear_scan")(a, b, h0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _core(cfg, a, b, h0):
+  return _scan_call(cfg, a, b, h0)
+
+
+def _core_fwd(cfg, a, b, h0):
+  h, h_last = _scan_call(cfg, a, b, h0)
+  return (h, h_last), (a, h, h0)
+
+
+def _core_bwd(cfg, res, cts):
+  a, h, h0 = res
+  dh, dh_last = cts
+  # The adjoint runs the other way: g_t = dh_t + a_next_t g_{t -+ 1}, where
+  # a_next is a shifted one step toward the adjoint's start (zero past it).
+  zero = jnp.zeros_like(a[:, :1])
+  if cfg.reverse:
+    a_next = jnp.concatenate([zero, a[:, :-1]], axis=1)
+    h_prev = jnp.concatenate([h[:, 1:], h0.astype(h.dtype)], axis=1)
+    dh = dh.at[:, :1].add(dh_last)
+  else:
+    a_next = jnp.concatenate([a[:, 1:], zero], axis=1)
+    h_prev = jnp.concatenate([h0.astype(h.dtype), h[:, :-1]], axis=1)
+    dh = dh.at[:, -1:].add(dh_last)
+  adj = dataclasses.replace(cfg, reverse=not cfg.reverse)
+  g, _ = _scan_call(adj, a_next, dh, jnp.zeros_like(h0, jnp.float32))
+  first = slice(-1, None) if cfg.reverse else slice(0, 1)
+  dh0 = (a[:, first].astype(jnp.float32) * g[:, first]).astype(h0.dtype)
+  return (g * h_prev).astype(a.dtype), g.astype(a.dtype), dh0
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+def unsupported_arguments(a, b, h0=None) -> dict[str, str]:
+  """``{argument: why}`` for the arguments this kernel cannot take (empty: all fine)."""
+  bad = {}
+  ok = [jnp.dtype(d) for d in SUPPORTED_DTYPES]
+  for name, x in (("a", a), ("b", b), ("h0", h0)):
+    if x is not None and jnp.result_type(x) not in ok:
+      bad[name] = f"dtype {jnp.result_type(x)} (the kernel takes real float32, bfloat16 or float16)"
+  return bad
+
+
+def linear_scan(
+    a: Array,
+    b: Array,
+    *,
+    h0: Array | None = None,
+    reverse: bool = False,
+    return_state: bool = False,
+    block_sizes: ScanBlockSizes | None = None,
+    platform: str | None = None,
+    interpret=None,
+):
+  """``h_t = a_t * h_{t-1} + b_t`` along axis 1 through the Pallas scan kernel.
+
+  Differentiable in ``a``, ``b`` and ``h0`` (a ``custom_vjp``).
+
+  Args:
+    a: ``[B, T, ...]`` real transition, the shape of ``b`` (never broadcast).
+    b: ``[B, T, ...]`` input.
+    h0: optional ``[B, ...]`` state before the first step (after the last when
+      ``reverse``).
+    reverse: run from the end: ``h_t = a_t * h_{t+1} + b_t``.
+    return_state: also return the final state (float32 ``[B, ...]``).
+    block_sizes: the tiling (:class:`ScanBlockSizes`).
+    platform: ``"gpu"`` (Triton) or ``"tpu"`` (Mosaic); ``None``: TPU on TPU,
+      else GPU.
+    interpret: ``None``: interpret mode unless running on ``platform``; or
+      ``True`` / ``pltpu.InterpretParams()`` explicitly.
+
+  Returns:
+    ``h`` ``[B, T, ...]`` in the dtype of ``b``, or ``(h, state)``.
+  """
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  if jnp.ndim(b) < 2:
+    raise ValueError(f"b must have shape [B, T, ...], got {list(jnp.shape(b))}.")
+  common.check_shape("a", a, b.shape, "the shape of b; a is never broadcast")
+  if h0 is not None:
+    common.check_shape("h0", h0, (b.shape[0],) + b.shape[2:], "[B, ...] as b without T")
+  bad = unsupported_arguments(a, b, h0)
+  if bad:
+    name, why = next(iter(bad.items()))
+    raise ValueError(f"the Pallas linear_scan does not support {name}: {why}.")
+  platform = default_platform() if platform is None else platform
+  common.check_choice("platform", platform, PLATFORMS)
+  block_sizes = ScanBlockSizes() if block_sizes is None else block_sizes
+  if not isinstance(block_sizes, ScanBlockSizes):
+    raise ValueError(f"block_sizes must be a ScanBlockSizes, got {type(block_sizes).__name__}.")
+  block_sizes.check(platform)
+  interpret = default_interpret(platform) if interpret is None else interpret
+  h, state = _linear_scan(a, b, h0, reverse=bool(reverse), block_sizes=block_sizes,
+                          platform=platform, interpret=interpret)
+  return (h, state) if return_state else h
+
+
+@functools.partial(jax.jit, static_argnames=("reverse", "block_sizes", "platform", "interpret"))
+def _linear_scan(a, b, h0, *, reverse, block_sizes, platform, interpret):
+  bsz, t = b.shape[:2]
+  rest = b.shape[2:]
+  d = max(1, int(jnp.size(b) // max(bsz * t, 1)))
+  if platform == "gpu":
+    bd = min(_next_pow2(block_sizes.block_d), _next_pow2(d))
+    dp, tp = _round_up(d, bd), t
+  else:
+    dp = d if d <= 128 else _round_up(d, 128)
+    bd = min(_round_up(block_sizes.block_d, 128), dp) if dp % 128 == 0 else dp
+    dp = _round_up(dp, bd)
+    tp = _round_up(t, block_sizes.chunk)
+  cfg = _Config(reverse=reverse, block_d=bd, chunk=block_sizes.chunk, platform=platform,
+                interpret=interpret)
+  # Padding with a = 1, b = 0 carries the state through padded steps unchanged;
+  # padded rows sit at the end, which a reverse scan visits first (from h0).
+  pad = lambda x, value: jnp.pad(x.reshape(bsz, t, d), ((0, 0), (0, tp - t), (0, dp - d)),
+                                 constant_values=value)
+  h0p = jnp.zeros((bsz, 1, dp), jnp.float32)
+  if h0 is not None:
+    h0p = h0p.at[:, 0, :d].set(h0.reshape(bsz, d).astype(jnp.float32))
+  h, state = _core(cfg, pad(a, 1), pad(b, 0), h0p)
+  h = h[:, :t, :d].reshape(b.shape).astype(b.dtype)
+  return h, state[:, 0, :d].reshape((bsz,) + rest)

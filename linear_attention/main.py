@@ -1,0 +1,151 @@
+"""Command line: ``python -m linear_attention.main --config=configs/mqar.py:mixer=gla,size=smoke
+--workdir=runs/x [--config.optim.lr=1e-3 ...]``.
+
+Parses the (locked) config, optionally joins a multi-host run, and calls
+``linear_attention.train.train_and_evaluate(config, workdir)``. Rerunning the same command
+resumes from the workdir's latest complete checkpoint.
+
+Multi-host: ``--coordinator_address=host:port --num_processes=N --process_id=i`` (or the
+environment variables ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
+``JAX_PROCESS_ID``; or ``--distributed`` alone where JAX detects the cluster itself, e.g.
+SLURM or Cloud TPU).
+
+Exit status: 0 done; 2 bad configuration or workdir (nothing was written); 1 the run failed
+(e.g. a non-finite loss); 3 preempted (SIGTERM) after saving a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _config_path(argv) -> str | None:
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1].split(":", 1)[0]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1].split(":", 1)[0]
+  return None
+
+
+def _add_config_root(argv) -> None:
+  """Puts the directory above the config file on ``sys.path`` so ``from configs import common``
+  works from any working directory."""
+  path = _config_path(argv)
+  if path:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    if root not in sys.path:
+      sys.path.insert(0, root)
+
+
+_add_config_root(sys.argv)
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, optionally with an argument: configs/mqar.py:mixer=gla,size=smoke.",
+    lock_config=True)
+flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, config). Required.")
+flags.DEFINE_bool("distributed", False,
+                  "Call jax.distributed.initialize() (auto-detected cluster, or the flags below).")
+flags.DEFINE_string("coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"),
+                    "Multi-host: address:port of process 0.")
+flags.DEFINE_integer("num_processes", int(os.environ.get("JAX_NUM_PROCESSES", "0")) or None,
+                     "Multi-host: number of processes.")
+flags.DEFINE_integer("process_id", int(os.environ["JAX_PROCESS_ID"])
+                     if "JAX_PROCESS_ID" in os.environ else None, "Multi-host: this process's id.")
+flags.DEFINE_bool("quiet", False, "No progress output (the final line is still printed).")
+
+
+def _fail(msg: str, code: int = 2):
+  print(f"error: {msg}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def _parse_flags(argv):
+  """absl flag parsing with one-line errors (no traceback) for bad configs and overrides."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    text = str(e)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    # config_flags wraps a get_config() exception in its traceback: keep its last line.
+    if "Error whilst parsing config file" in text and lines:
+      text = lines[-1]
+    _fail(f"{text}\nusage: python -m linear_attention.main --config=configs/<task>.py[:k=v,...] "
+          "--workdir=DIR [--config.<field>=value ...]")
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    # config_flags raises these bare for an override of a missing field or of a wrong type.
+    bad = [a for a in argv[1:] if a.startswith("--config.")]
+    detail = " ".join(str(e).encode().decode("unicode_escape").replace("'", "").split())
+    what = "no such config field" if isinstance(e, (AttributeError, KeyError)) else "bad value"
+    _fail(f"invalid config override in {bad}: {what}: {detail}")
+
+
+def _check_workdir(workdir: str) -> None:
+  """Fails fast (before the heavy imports) when ``workdir`` cannot be created; creates nothing."""
+  path = os.path.abspath(os.path.expanduser(workdir))
+  probe = path
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    _fail(f"workdir {path!r} cannot be created: {probe!r} is not a directory.")
+  if not os.access(probe, os.W_OK | os.X_OK):
+    _fail(f"workdir {path!r} is not writable ({probe!r} is not writable).")
+
+
+def _maybe_initialize_distributed() -> None:
+  if not (FLAGS.distributed or FLAGS.coordinator_address or FLAGS.num_processes):
+    return
+  import jax
+  kw = {}
+  if FLAGS.coordinator_address:
+    kw["coordinator_address"] = FLAGS.coordinator_address
+  if FLAGS.num_processes:
+    kw["num_processes"] = FLAGS.num_processes
+  if FLAGS.process_id is not None:
+    kw["process_id"] = FLAGS.process_id
+  jax.distributed.initialize(**kw)
+
+
+def main(argv) -> None:
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  if len(argv) > 1:
+    _fail(f"unexpected positional arguments {argv[1:]}.")
+  if FLAGS.workdir is None:
+    _fail("--workdir is required.")
+  try:
+    config = _CONFIG.value
+    config.lock()  # touch it: a config file that failed to load raises here
+  except (IOError, OSError) as e:
+    _fail(str(e))
+  _check_workdir(FLAGS.workdir)
+  overrides = config_flags.get_override_values(FLAGS["config"])
+  if overrides:
+    print("overrides: " + json.dumps(overrides, default=str), file=sys.stderr, flush=True)
+  _maybe_initialize_distributed()
+
+  from linear_attention import train  # heavy imports after the cheap checks
+  try:
+    train.train_and_evaluate(config, FLAGS.workdir, verbose=not FLAGS.quiet)
+  except (ValueError, ModuleNotFoundError) as e:
+    _fail(str(e))
+  except train.NonFiniteLossError as e:
+    _fail(str(e), code=1)
+  except train.PreemptedError as e:
+    _fail(str(e), code=3)
+
+
+def run() -> None:
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,396 @@
+"""``train_and_evaluate(config, workdir)``: the training loop.
+
+One run: build the dataset (``linear_attention.data``) and the model from the config,
+validate everything, then train with AdamW, evaluate at an interval and at the end, write
+metrics and checkpoints to ``workdir`` and return the final metrics. Rerunning it on the
+same ``workdir`` resumes from the latest complete checkpoint; since a batch is a pure
+function of (seed, split, step), the resumed run is the uninterrupted one, bit for bit on CPU.
+
+Config fields used (see ``configs/common.py``): ``model.*``, ``optim.*``, ``train.*``,
+``mesh.*`` and ``data`` (passed to ``data.make_dataset``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from linear_attention import models
+from linear_attention.train import checkpoint as ckpt_lib
+from linear_attention.train import metrics as metrics_lib
+from linear_attention.train import optim
+from linear_attention.train import sharding
+
+CONFIG_FILE = "config.json"
+FINAL_METRICS_FILE = "final_metrics.json"
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss or the gradient norm became NaN/Inf; nothing after the last good check is saved."""
+
+
+class PreemptedError(RuntimeError):
+  """SIGTERM (or a multi-host preemption notice) arrived; a checkpoint was saved first."""
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
+                 num_classes: int | None, seed: int) -> nnx.Module:
+  """The model named by ``config.model``: a ``LanguageModel`` (kind ``"lm"``) or a
+  ``SequenceClassifier`` (kind ``"classify"``).
+
+  ``mcfg.pattern`` (hybrid letters such as ``"RRA"``) wins over ``mcfg.mixer`` when non-empty.
+
+  Raises:
+    ValueError: unknown mixer or pattern letter (listing the valid ones), bad sizes.
+  """
+  if kind not in ("lm", "classify"):
+    raise ValueError(f"dataset kind must be 'lm' or 'classify', got {kind!r}.")
+  if mcfg["dtype"] not in DTYPES:
+    raise ValueError(f"config.model.dtype must be one of {list(DTYPES)}, got {mcfg['dtype']!r}.")
+  mk = mcfg["mixer_kwargs"]
+  mk = mk.to_dict() if isinstance(mk, ml_collections.ConfigDict) else dict(mk or {})
+  pattern = mcfg["pattern"] or None
+  common = dict(mixer=None if pattern else mcfg["mixer"], pattern=pattern,
+                num_heads=mcfg["num_heads"], mlp_ratio=mcfg["mlp_ratio"], mixer_kwargs=mk,
+                rngs=nnx.Rngs(params=seed), dtype=DTYPES[mcfg["dtype"]])
+  num_layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
+  if kind == "lm":
+    return models.LanguageModel(vocab_size, mcfg["d_model"], num_layers,
+                                tie_embeddings=mcfg["tie_embeddings"], **common)
+  return models.SequenceClassifier(vocab_size, num_classes, mcfg["d_model"], num_layers,
+                                   pooling=mcfg["pooling"], **common)
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: str):
+  """Masked cross-entropy.
+
+  ``kind="lm"``: ``inputs, targets [B, T]`` int, ``mask [B, T]`` float (1 = counted); the loss
+  is the mean over counted tokens. ``kind="classify"``: ``inputs [B, T]``, ``mask [B, T]``
+  bool (True = real token), ``label [B]``; the mean over sequences.
+
+  Returns:
+    ``(loss, {"loss_sum", "correct", "weight"})`` with float32 scalars (sums, so that
+    evaluation batches add up exactly).
+  """
+  if kind == "lm":
+    logits = model(batch["inputs"])
+    labels, w = batch["targets"], batch["mask"].astype(jnp.float32)
+  else:
+    logits = model(batch["inputs"], batch["mask"])
+    labels = batch["label"]
+    w = jnp.ones(labels.shape, jnp.float32)
+  logits = logits.astype(jnp.float32)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  loss_sum, weight = jnp.sum(ce * w), jnp.sum(w)
+  loss = loss_sum / jnp.maximum(weight, 1.0)
+  return loss, {"loss_sum": loss_sum, "correct": jnp.sum(correct * w), "weight": weight}
+
+
+def _make_steps(graphdef, kind: str, state_sh, batch_sh, repl):
+  """Jitted train and eval steps on the flat ``(model, optimizer)`` state.
+
+  ``jax.jit`` over ``nnx.split`` state (rather than ``nnx.jit`` on the objects) gives explicit
+  in/out shardings (replicated or FSDP) and donates the old state's buffers.
+  """
+
+  def train_step(state, batch):
+    model, opt = nnx.merge(graphdef, state)
+    grad_fn = nnx.value_and_grad(loss_and_metrics, has_aux=True)
+    (loss, aux), grads = grad_fn(model, batch, kind)
+    gnorm = optax.tree.norm(grads)
+    opt.update(model, grads)
+    out = {"loss": loss, "accuracy": aux["correct"] / jnp.maximum(aux["weight"], 1.0),
+           "grad_norm": gnorm, "finite": jnp.isfinite(loss) & jnp.isfinite(gnorm)}
+    return nnx.state((model, opt)), out
+
+  def eval_step(state, batch):
+    model, _ = nnx.merge(graphdef, state)
+    return loss_and_metrics(model, batch, kind)[1]
+
+  train = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, repl),
+                  donate_argnums=0)
+  evaluate = jax.jit(eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
+  return train, evaluate
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _check_config(config: ml_collections.ConfigDict) -> None:
+  t = config.train
+  if t.steps < 0:
+    raise ValueError(f"config.train.steps must be >= 0, got {t.steps}.")
+  for f in ("log_every", "eval_every", "checkpoint_every"):
+    if t[f] < 0:
+      raise ValueError(f"config.train.{f} must be >= 0 (0 = never), got {t[f]}.")
+
+
+def prepare_workdir(workdir: str) -> str:
+  """Creates ``workdir`` (and parents) and checks it is writable; returns its absolute path.
+
+  Raises:
+    ValueError: the path cannot be created or written (naming it and why).
+  """
+  if not workdir:
+    raise ValueError("--workdir must be a non-empty path.")
+  path = os.path.abspath(os.path.expanduser(workdir))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"workdir {path!r} exists and is not a directory.")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"cannot create workdir {path!r}: {e.strerror or e}.") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"workdir {path!r} is not writable.")
+  return path
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)
+
+
+class _SigtermFlag:
+  """Turns SIGTERM into a flag checked between steps (main thread only)."""
+
+  def __init__(self):
+    self.set = False
+    self._old = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._old = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    self.set = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+
+def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "validation"):
+  """Loss and accuracy summed over ``ds.eval_batches(split, num_batches)``."""
+  tot = {"loss_sum": 0.0, "correct": 0.0, "weight": 0.0}
+  for b in ds.eval_batches(split=split, num_batches=num_batches):
+    out = jax.device_get(eval_fn(state, sharding.put_batch(b, mesh)))
+    for k in tot:
+      tot[k] += float(out[k])
+  w = max(tot["weight"], 1.0)
+  return {"loss": tot["loss_sum"] / w, "accuracy": tot["correct"] / w}
+
+
+# ----------------------------------------------------------------------------- main loop
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, dataset=None,
+                       verbose: bool = True) -> dict:
+  """Trains and evaluates the model of ``config``, resuming from ``workdir`` if possible.
+
+  Args:
+    config: the run's ConfigDict (``configs/*.py``).
+    workdir: run directory (created). Holds ``config.json``, ``metrics.jsonl``,
+      ``tensorboard/``, ``checkpoints/`` and ``final_metrics.json``.
+    dataset: an object following the data contract; default ``data.make_dataset(config.data)``.
+    verbose: print progress and the final result (stderr).
+
+  Returns:
+    The final metrics: ``step``, ``train_loss``, ``train_accuracy``, ``validation_loss``,
+    ``validation_accuracy``, ``num_params``, ``elapsed`` (and ``bits_per_byte`` for text).
+
+  Raises:
+    ValueError: bad config, unknown mixer, unwritable workdir, missing corpus; raised before
+      anything is written.
+    NonFiniteLossError: the loss became NaN/Inf (the message names the step).
+    PreemptedError: SIGTERM arrived; a checkpoint of the last step was saved.
+  """
+  t_start = time.time()
+  _check_config(config)
+  if dataset is None:
+    from linear_attention import data  # the trainer's tests can run without the task code
+    dataset = data.make_dataset(config.data)
+  ds = dataset
+  seed = int(config.train.seed)
+  model = create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes, seed)
+  total = int(config.train.steps)
+  opt = optim.make_optimizer(model, config.optim, total)
+  mesh = sharding.make_mesh(config.mesh)
+  if ds.batch_size % mesh.shape[sharding.DATA]:
+    raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
+                     f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
+  workdir = prepare_workdir(workdir)  # only now, after everything above validated
+  lead = jax.process_index() == 0
+  if lead:
+    _write_json(os.path.join(workdir, CONFIG_FILE), json.loads(config.to_json_best_effort()))
+
+  graphdef, state = nnx.split((model, opt))
+  state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
+  state = jax.device_put(state, state_sh)
+  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  train_fn, eval_fn = _make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl)
+
+  tcfg = config.train
+  ckpt = ckpt_lib.Checkpointer(workdir, tcfg.checkpoint_every, tcfg.keep_checkpoints,
+                               tcfg.async_checkpoints)
+  start = ckpt.latest_step() or 0
+  done_before = load_final_metrics(workdir) if lead else None
+  if start >= total and done_before is not None and done_before.get("step") == total:
+    ckpt.close()
+    if verbose and lead:
+      print(f"{workdir} already finished at step {total}; final metrics: {done_before}", flush=True)
+    return done_before
+  if start:
+    state = ckpt.restore(start, state)
+  writer = metrics_lib.MetricWriter(workdir, start, enabled=lead)
+  schedule = optim.lr_schedule(config.optim, total)
+  num_params = models.count_params(model)
+  tokens_per_step = ds.batch_size * ds.seq_len
+  eval_n = int(tcfg.eval_batches) if tcfg.eval_batches > 0 else None
+  is_text = config.data.get("task") == "text"
+  progress = metrics_lib.Progress(total, start, enabled=verbose and lead)
+  progress.message(f"workdir {workdir}: {num_params:,} parameters, "
+                   + (f"resuming at step {start}" if start else "starting at step 0")
+                   + f" of {total}, {mesh.shape[sharding.DATA]} device(s)"
+                   + (" (FSDP)" if config.mesh.fsdp else ""))
+
+  def run_eval(step):
+    res = evaluate(eval_fn, state, ds, mesh, eval_n)
+    if is_text:
+      res["bits_per_byte"] = res["loss"] / math.log(2)
+    writer.write(step, "validation", res)
+    progress.message(f"step {step}: validation " + "  ".join(f"{k} {v:.4f}" for k, v in res.items()))
+    return res
+
+  pending: list[tuple[int, dict]] = []
+  window = {"loss": [], "accuracy": []}
+  last_train: dict[str, float] = {}
+  t_window, steps_window = time.time(), 0
+
+  def drain():
+    """Fetches the pending per-step metrics; raises on the first non-finite step."""
+    nonlocal pending
+    got = jax.device_get([m for _, m in pending])
+    for (s, _), m in zip(pending, got):
+      if not bool(m["finite"]):
+        raise NonFiniteLossError(
+            f"non-finite loss at step {s} (loss {float(m['loss'])}, gradient norm "
+            f"{float(m['grad_norm'])}); stopping without saving this state. The last "
+            f"checkpoint in {ckpt.directory} is from before it; try a lower "
+            f"config.optim.lr or a smaller config.optim.clip_norm.")
+      window["loss"].append(float(m["loss"]))
+      window["accuracy"].append(float(m["accuracy"]))
+    pending = []
+
+  try:
+    with _SigtermFlag() as sigterm:
+      for step in range(start, total):
+        batch = sharding.put_batch(ds.batch(step, split="train"), mesh)
+        state, m = train_fn(state, batch)
+        done = step + 1
+        pending.append((done, m))
+        if done == start + 1:  # leave compilation out of tokens/s (the loss still counts)
+          drain()
+          t_window, steps_window = time.time(), 0
+        else:
+          steps_window += 1
+        log_now = (tcfg.log_every and done % tcfg.log_every == 0) or done == total
+        eval_now = bool(tcfg.eval_every and done % tcfg.eval_every == 0 and done != total)
+        preempt = sigterm.set
+        save_now = done == total or preempt or ckpt.should_save(done)
+        if log_now or eval_now or save_now or len(pending) >= 64:
+          drain()  # every saved or logged state has passed the finiteness check
+        if log_now and window["loss"]:
+          el = time.time() - t_window
+          last_train = {"loss": float(np.mean(window["loss"])),
+                        "accuracy": float(np.mean(window["accuracy"])),
+                        "lr": float(schedule(done - 1)),
+                        "tokens_per_s": steps_window * tokens_per_step / el if el > 0 and steps_window else 0.0,
+                        "elapsed": time.time() - t_start}
+          writer.write(done, "train", last_train)
+          progress.update(done, last_train["loss"], last_train["tokens_per_s"])
+          window = {"loss": [], "accuracy": []}
+          t_window, steps_window = time.time(), 0
+        if eval_now:
+          t_eval = time.time()
+          run_eval(done)
+          t_window += time.time() - t_eval  # evaluation time is not training throughput
+        if save_now:
+          ckpt.save(done, state, force=done == total or preempt)
+        if preempt:
+          ckpt.wait_until_finished()
+          raise PreemptedError(f"SIGTERM at step {done}; checkpoint saved in {ckpt.directory}. "
+                               "Rerun the same command to resume.")
+      if pending:
+        drain()
+    if start >= total and total > 0 and ckpt.latest_step() != total:
+      ckpt.save(total, state, force=True)
+    ckpt.wait_until_finished()
+    val = run_eval(total)
+  finally:
+    progress.close()
+    writer.flush()
+    writer.close()
+    ckpt.close()
+
+  final = {"step": total, "num_params": num_params, "elapsed": time.time() - t_start}
+  if not last_train:  # resumed after the last step: the last logged training window
+    last_train = (metrics_lib.read_metrics(workdir, "train") or [{}])[-1]
+  if "loss" in last_train:
+    final.update(train_loss=last_train["loss"], train_accuracy=last_train["accuracy"])
+  final.update({f"validation_{k}": v for k, v in val.items()})
+  if lead:
+    _write_json(os.path.join(workdir, FINAL_METRICS_FILE), final)
+  if verbose and lead:
+    line = f"final validation loss {val['loss']:.4f}  accuracy {val['accuracy']:.4f}"
+    if is_text:
+      line += f"  bits/byte {val['bits_per_byte']:.4f}"
+    print(line, flush=True)
+  return final
+
+
+def load_final_metrics(workdir: str) -> dict | None:
+  """``workdir/final_metrics.json`` or None when the run has not finished."""
+  path = os.path.join(workdir, FINAL_METRICS_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def load_checkpoint(workdir: str, step: int | None = None) -> dict:
+  """The raw arrays of a checkpoint in ``workdir`` (default: the latest), as nested dicts.
+
+  For inspection and tests; training restores through :func:`train_and_evaluate`.
+  """
+  import orbax.checkpoint as ocp
+  mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR)),
+                               options=ocp.CheckpointManagerOptions(read_only=True))
+  step = mngr.latest_step() if step is None else step
+  if step is None:
+    raise ValueError(f"no complete checkpoint in {workdir!r}.")
+  out = mngr.restore(step, args=ocp.args.StandardRestore())
+  mngr.close()
+  return out

@@ -1,0 +1,171 @@
+"""Flash attention kernel vs ``ops.softmax_attention(implementation="naive")``.
+
+One test class, run once per interpret mode on CPU (the GPU path with
+``interpret=True``, the TPU path with ``pltpu.InterpretParams()``) and natively
+on a GPU or TPU when one is present. Tiny shapes: blocks of 16 over T = 37, so
+every case has partial blocks, skipped blocks and several heads.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from linear_attention.ops import sliding_window_attention, softmax_attention
+from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, keys, rand
+
+# The package exports the function under the module's name.
+fa = importlib.import_module("linear_attention.kernels.flash_attention")
+
+B, T, H, D = 2, 37, 2, 16
+SMALL = fa.BlockSizes(16, 16, 16, 16, 16, 16)
+# Segments of 10, 20 and 7 tokens (row 0) and 25, 12 (row 1); ids reused to
+# check that a segment is a run of equal ids.
+SEGMENTS = jnp.array([[0] * 10 + [1] * 20 + [0] * 7, [5] * 25 + [2] * 12], jnp.int32)
+
+MODES = [
+    pytest.param(dict(backend="gpu", interpret=True), id="gpu-interpret"),
+    pytest.param(dict(backend="tpu", interpret=pltpu.InterpretParams()), id="tpu-interpret"),
+]
+if fa.default_backend() is not None:
+  MODES.append(pytest.param(dict(backend=fa.default_backend(), interpret=False), id="native"))
+
+
+def _inputs(dtype=jnp.float32, heads_kv=H, dv=D):
+  kq, kk, kv, kw = keys(0, 4)
+  q = rand(kq, (B, T, H, D), dtype)
+  k = rand(kk, (B, T, heads_kv, D), dtype)
+  v = rand(kv, (B, T, heads_kv, dv), dtype)
+  w = rand(kw, (B, T, H, dv))
+  return q, k, v, w
+
+
+def _reference(q, k, v, causal, segment_ids, window):
+  g = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+  if window is None:
+    return softmax_attention(q, k, v, causal=causal, segment_ids=segment_ids,
+                             implementation="naive")
+  return sliding_window_attention(q, k, v, causal=causal, segment_ids=segment_ids,
+                                  window=window, implementation="xla")
+
+
+def _value_and_grads(fn, q, k, v, w):
+  """Output and ``d/d(q, k, v)`` of ``sum(fn(q, k, v) * w)``, in one jit."""
+
+  def loss(q, k, v):
+    o = fn(q, k, v)
+    return jnp.sum(o.astype(jnp.float32) * w), o
+
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+
+@pytest.mark.parametrize("mode", MODES)
+class TestFlashAttention:
+
+  @pytest.mark.parametrize("causal,segmented,window,heads_kv", [
+      (False, False, None, H),  # padding masked in the last key block
+      (True, True, None, 1),  # GQA: one key head for two query heads
+      (True, False, 5, H),  # band: skipped and partial blocks on both sides
+      (False, True, 20, H),  # two-sided window with segments
+  ])
+  def test_forward_and_vjp_float32(self, mode, causal, segmented, window, heads_kv):
+    q, k, v, w = _inputs(heads_kv=heads_kv)
+    seg = SEGMENTS if segmented else None
+    kernel = functools.partial(fa.flash_attention, causal=causal, segment_ids=seg, window=window,
+                               block_sizes=SMALL, **mode)
+    ref = functools.partial(_reference, causal=causal, segment_ids=seg, window=window)
+    (_, o), g = _value_and_grads(kernel, q, k, v, w)
+    (_, o_ref), g_ref = _value_and_grads(ref, q, k, v, w)
+    assert_close(o, o_ref, 1e-5, 1e-5, "o")
+    for name, a, e in zip("qkv", g, g_ref):
+      assert_close(a, e, 1e-4, 1e-4, f"d{name}")
+
+  def test_bfloat16(self, mode):
+    # bf16 inputs, f32 statistics: p and ds are rounded to bf16 before the
+    # matmuls (as FlashAttention does), so agreement is to bf16 resolution
+    # (tests/helpers.py BF16 tolerances) against the float32 reference.
+    q, k, v, w = _inputs()
+    kernel = functools.partial(fa.flash_attention, causal=True, block_sizes=SMALL, **mode)
+    qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    (_, o), g = _value_and_grads(kernel, qb, kb, vb, w)
+    (_, o_ref), g_ref = _value_and_grads(
+        functools.partial(_reference, causal=True, segment_ids=None, window=None), q, k, v, w)
+    assert o.dtype == jnp.bfloat16
+    assert_close(o, o_ref, BF16_RTOL, BF16_ATOL, "o")
+    for name, a, e in zip("qkv", g, g_ref):
+      assert a.dtype == jnp.bfloat16
+      assert_close(a, e, 2 * BF16_RTOL, 2 * BF16_ATOL, f"d{name}")
+
+  def test_lse_scale_and_value_dim(self, mode):
+    # V != K (a head dim padded on GPU), an explicit scale and the lse output.
+    q, k, v, _ = _inputs(dv=24)
+    o, lse = fa.flash_attention(q, k, v, causal=True, scale=0.3, block_sizes=SMALL,
+                                return_lse=True, **mode)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.3
+    s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -jnp.inf)
+    assert_close(lse, jnp.swapaxes(jax.nn.logsumexp(s, axis=-1), 1, 2), 1e-5, 1e-5, "lse")
+    assert_close(o, softmax_attention(q, k, v, causal=True, scale=0.3, implementation="naive"),
+                 1e-5, 1e-5, "o")
+
+
+def test_lowers_for_gpu_and_tpu():
+  """The real (non-interpret) kernels lower to Triton and to Mosaic on a CPU host."""
+  q = jax.ShapeDtypeStruct((1, 300, 2, 64), jnp.bfloat16)
+  seg = jax.ShapeDtypeStruct((1, 300), jnp.int32)
+  for backend, platform in (("gpu", "cuda"), ("tpu", "tpu")):
+    blocks = fa._resolve_blocks(None, backend, 300, native=True)
+
+    def f(q, k, v, s, backend=backend, blocks=blocks):
+      fn = lambda q, k, v: fa._flash(q, k, v, s, causal=True, scale=0.1, window=100,
+                                     blocks=blocks, backend=backend, interpret=False, groups=1,
+                                     return_lse=False)
+      o, vjp = jax.vjp(fn, q, k, v)
+      return o, vjp(o)
+
+    checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    exported = jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(
+        q, q, q, seg)
+    text = exported.mlir_module()
+    assert text.count("xla.gpu.triton(" if backend == "gpu" else "tpu_custom_call") == 3
+
+
+def test_errors_name_the_argument():
+  q, k, v, _ = _inputs()
+  run = functools.partial(fa.flash_attention, interpret=True)
+  with pytest.raises(ValueError, match="window must be an integer >= 1"):
+    run(q, k, v, window=0)
+  with pytest.raises(ValueError, match="k must have a number of heads dividing"):
+    run(q, k[:, :, :1].repeat(3, axis=2), v)
+  with pytest.raises(ValueError, match="q must be a floating-point array"):
+    run(*(x.astype(jnp.int32) for x in (q, k, v)))
+  with pytest.raises(ValueError, match="block_sizes.block_k must be a power of two >= 16"):
+    run(q, k, v, block_sizes=fa.BlockSizes(block_k=24))
+  with pytest.raises(ValueError, match="block_sizes.block_k must be a power of two >= 128"):
+    fa.flash_attention(q, k, v, backend="tpu", block_sizes=fa.BlockSizes(block_k=64))
+  with pytest.raises(ValueError, match="backend must be one of"):
+    run(q, k, v, backend="cpu")
+  with pytest.raises(ValueError, match="segment_ids must have shape"):
+    run(q, k, v, segment_ids=SEGMENTS[:, :5])
+  with pytest.raises(ValueError, match="k must have shape"):
+    run(q, k[:, :5], v)
+  if fa.default_backend() is None:
+    with pytest.raises(ValueError, match="interpret must be set"):
+      fa.flash_attention(q, k, v)
+    with pytest.raises(ValueError, match="implementation='pallas' needs a GPU or TPU"):
+      softmax_attention(q, k, v, implementation="pallas")
+    with pytest.raises(ValueError, match="implementation='pallas' needs a GPU or TPU"):
+      sliding_window_attention(q, k, v, window=4, implementation="pallas")
+
+
+def test_ops_dispatch_default_matches_xla():
+  # implementation=None is the XLA path on CPU and the kernel on GPU/TPU: same numbers.
+  q, k, v, _ = _inputs()
+  ref = softmax_attention(q, k, v, causal=True, implementation="naive")
+  assert_close(softmax_attention(q, k, v, causal=True), ref, 1e-5, 1e-5)
+  assert_close(softmax_attention(q, k, v, causal=True, implementation="xla"), ref, 1e-5, 1e-5)

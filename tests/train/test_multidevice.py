@@ -1,0 +1,47 @@
+"""Data parallelism and FSDP on 4 fake CPU devices match one device (run in a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCRIPT = textwrap.dedent("""
+    import jax, numpy as np
+    assert jax.device_count() == 4, jax.devices()
+    from linear_attention import train
+    from linear_attention.train import sharding
+    from tests.train.fake_data import FakeDataset, fake_config
+
+    assert sharding.fsdp_spec((16, 12), 4) == jax.sharding.PartitionSpec("data", None)
+    assert sharding.fsdp_spec((6, 8), 4) == jax.sharding.PartitionSpec(None, "data")
+    assert sharding.fsdp_spec((6,), 4) == jax.sharding.PartitionSpec()
+    out = {}
+    for name, data, fsdp in [("single", 1, False), ("dp", 4, False), ("fsdp", 4, True)]:
+      cfg = fake_config(steps=4, eval_every=0, log_every=1, checkpoint_every=0)
+      cfg.model.d_model = 32
+      cfg.mesh.data, cfg.mesh.fsdp = data, fsdp
+      wd = f"{WORKDIR}/{name}"
+      res = train.train_and_evaluate(cfg, wd, dataset=FakeDataset(), verbose=False)
+      losses = [r["loss"] for r in train.metrics.read_metrics(wd, "train")]
+      params = [np.asarray(x) for x in jax.tree_util.tree_leaves(train.load_checkpoint(wd))]
+      out[name] = (losses, res["validation_loss"], params)
+    for name in ("dp", "fsdp"):
+      np.testing.assert_allclose(out[name][0], out["single"][0], rtol=2e-5)
+      np.testing.assert_allclose(out[name][1], out["single"][1], rtol=2e-5)
+      for a, b in zip(out[name][2], out["single"][2]):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+    print("MULTIDEVICE OK", out["single"][0])
+""")
+
+
+def test_dp_and_fsdp_match_single_device(tmp_path):
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+         "JAX_PLATFORMS": "cpu"}
+  code = f"WORKDIR = {str(tmp_path)!r}\n" + SCRIPT
+  p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert p.returncode == 0 and "MULTIDEVICE OK" in p.stdout, (p.stdout + p.stderr)[-4000:]

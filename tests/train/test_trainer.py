@@ -1,0 +1,143 @@
+"""The training loop on a tiny in-memory dataset: optimiser, metrics, determinism, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from linear_attention import models, train
+from linear_attention.train import optim
+from tests.train.fake_data import FakeDataset, fake_config
+
+
+def _leaves(tree):
+  return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def test_decay_mask_skips_norms_biases_and_1d():
+  model = models.LanguageModel(32, 16, 2, pattern="RS", num_heads=2, rngs=nnx.Rngs(0))
+  params = nnx.state(model, nnx.Param)
+  mask = optim.decay_mask(params)
+  flat = {jax.tree_util.keystr(p): (m, x.ndim) for (p, m), x in zip(
+      jax.tree_util.tree_leaves_with_path(mask), jax.tree_util.tree_leaves(params))}
+  assert flat, "no parameters"
+  for path, (decayed, ndim) in flat.items():
+    if ndim < 2 or any(f"'{n}'" in path for n in ("scale", "bias", "b", "A_log", "dt_bias")):
+      assert not decayed, path
+  assert any(d for d, _ in flat.values())  # matrices are decayed
+  assert flat["['backbone']['embed']['embedding'].value"][0]
+  # Hawk's gate bias is 2-D ([heads, width]) but a bias: not decayed.
+  gate_b = [k for k in flat if "'gate_i']['b']" in k]
+  assert gate_b and not flat[gate_b[0]][0] and flat[gate_b[0]][1] == 2
+
+
+def test_weight_decay_leaves_masked_params_alone():
+  """With zero gradients AdamW changes only decayed parameters."""
+  model = models.LanguageModel(32, 16, 1, mixer="gla", num_heads=2, rngs=nnx.Rngs(0))
+  cfg = fake_config().optim
+  cfg.weight_decay = 0.5
+  opt = optim.make_optimizer(model, cfg, total_steps=4)
+  before = nnx.state(model, nnx.Param)
+  before = jax.tree.map(lambda x: np.asarray(x).copy(), before)
+  for _ in range(3):
+    grads = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
+    opt.update(model, grads)
+  after = nnx.state(model, nnx.Param)
+  mask = optim.decay_mask(after)
+  for m, b, a in zip(jax.tree_util.tree_leaves(mask), _leaves(before), _leaves(after)):
+    if m:
+      assert not np.array_equal(a, b)
+    else:
+      np.testing.assert_array_equal(a, b)
+
+
+def test_lr_schedule_warmup_then_cosine():
+  cfg = fake_config().optim
+  cfg.lr, cfg.warmup_steps, cfg.final_lr_ratio = 1.0, 10, 0.1
+  s = optim.lr_schedule(cfg, 110)
+  assert float(s(0)) == 0.0
+  np.testing.assert_allclose(float(s(5)), 0.5, rtol=1e-6)
+  np.testing.assert_allclose(float(s(10)), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(float(s(60)), 0.55, rtol=1e-5)  # cosine midpoint: (1 + 0.1) / 2
+  np.testing.assert_allclose(float(s(110)), 0.1, rtol=1e-5)
+  assert all(float(s(i)) >= float(s(i + 1)) for i in range(10, 110))
+
+
+def test_loss_is_masked_mean():
+  model = models.LanguageModel(16, 8, 1, mixer="softmax", num_heads=2, rngs=nnx.Rngs(0))
+  b = FakeDataset().batch(0)
+  loss, aux = train.loss_and_metrics(model, b, "lm")
+  logits = np.asarray(model(b["inputs"]), np.float64)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  ce = -np.take_along_axis(logp, b["targets"][..., None], -1)[..., 0]
+  np.testing.assert_allclose(float(loss), (ce * b["mask"]).sum() / b["mask"].sum(), rtol=1e-5)
+  assert float(aux["weight"]) == b["mask"].sum()
+
+
+def test_run_writes_metrics_config_checkpoints_and_is_deterministic(tmp_path):
+  cfg = fake_config(steps=6)
+  r1 = train.train_and_evaluate(cfg, str(tmp_path / "a"), dataset=FakeDataset(), verbose=False)
+  r2 = train.train_and_evaluate(cfg, str(tmp_path / "b"), dataset=FakeDataset(), verbose=False)
+  for k in ("train_loss", "validation_loss", "validation_accuracy"):
+    assert r1[k] == r2[k]
+  p1, p2 = train.load_checkpoint(str(tmp_path / "a")), train.load_checkpoint(str(tmp_path / "b"))
+  for x, y in zip(_leaves(p1), _leaves(p2)):
+    np.testing.assert_array_equal(x, y)
+  wd = tmp_path / "a"
+  assert sorted(os.listdir(wd / "checkpoints")) == ["4", "6"]  # keep_checkpoints=2
+  assert json.loads((wd / "config.json").read_text())["optim"]["lr"] == cfg.optim.lr
+  recs = [json.loads(l) for l in (wd / "metrics.jsonl").read_text().splitlines()]
+  train_recs = [r for r in recs if r["split"] == "train"]
+  assert [r["step"] for r in train_recs] == [2, 4, 6]
+  assert [r["step"] for r in recs if r["split"] == "validation"] == [3, 6]
+  for r in train_recs:
+    assert {"loss", "accuracy", "lr", "tokens_per_s", "elapsed"} <= set(r)
+    assert np.isfinite(r["loss"]) and 0 <= r["accuracy"] <= 1
+  assert train_recs[-1]["loss"] == r1["train_loss"]
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(wd / "tensorboard"))
+  assert json.loads((wd / "final_metrics.json").read_text())["validation_loss"] == r1["validation_loss"]
+
+
+def test_training_reduces_loss(tmp_path):
+  cfg = fake_config(steps=40, eval_every=0, checkpoint_every=0, log_every=10)
+  cfg.optim.lr = 1e-2
+  train.train_and_evaluate(cfg, str(tmp_path), dataset=FakeDataset(), verbose=False)
+  losses = [r["loss"] for r in train.metrics.read_metrics(str(tmp_path), "train")]
+  assert losses[-1] < losses[0] - 0.3
+
+
+def test_classifier_runs(tmp_path):
+  res = train.train_and_evaluate(fake_config(steps=2, eval_every=0), str(tmp_path),
+                                 dataset=FakeDataset("classify"), verbose=False)
+  assert np.isfinite(res["validation_loss"]) and 0 <= res["validation_accuracy"] <= 1
+
+
+def test_non_finite_loss_stops_naming_the_step_and_saves_nothing_bad(tmp_path):
+  cfg = fake_config(steps=8, checkpoint_every=2, log_every=4, eval_every=0)
+  with pytest.raises(train.NonFiniteLossError, match="step 4"):
+    train.train_and_evaluate(cfg, str(tmp_path), dataset=FakeDataset(nan_at=3), verbose=False)
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+  assert not (tmp_path / "final_metrics.json").exists()
+  assert all(r["step"] < 4 for r in train.metrics.read_metrics(str(tmp_path)))
+
+
+def test_errors_before_anything_is_written(tmp_path):
+  wd = tmp_path / "run"
+  with pytest.raises(ValueError, match="unknown mixer 'nope'.*gla"):
+    train.train_and_evaluate(fake_config(mixer="nope"), str(wd), dataset=FakeDataset())
+  assert not wd.exists()
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(ValueError, match="workdir"):
+    train.train_and_evaluate(fake_config(), str(blocker / "run"), dataset=FakeDataset())
+  cfg = fake_config()
+  cfg.optim.lr = -1.0
+  with pytest.raises(ValueError, match="optim.lr"):
+    train.train_and_evaluate(cfg, str(wd), dataset=FakeDataset())
+  assert not wd.exists()
