@@ -92,6 +92,16 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   return c
 
 
+def apply_size(c: ml_collections.ConfigDict, s: Mapping[str, Any]) -> None:
+  """Copies a size preset (``d_model, num_layers, num_heads, lr, warmup_steps, steps,
+  eval_every, eval_batches, log_every``) into ``c``; checkpoints every quarter of the run."""
+  c.model.d_model, c.model.num_layers, c.model.num_heads = s["d_model"], s["num_layers"], s["num_heads"]
+  c.optim.lr, c.optim.warmup_steps = s["lr"], s["warmup_steps"]
+  c.train.steps, c.train.eval_every, c.train.eval_batches = s["steps"], s["eval_every"], s["eval_batches"]
+  c.train.log_every = s["log_every"]
+  c.train.checkpoint_every = max(s["steps"] // 4, 1)
+
+
 def apply_model_args(c: ml_collections.ConfigDict, args: ml_collections.ConfigDict) -> None:
   """Sets ``model.mixer``/``model.pattern`` from the parsed argument, validating the names."""
   from linear_attention import models

@@ -32,11 +32,7 @@ def get_config(arg: str | None = None):
   c = common.base_config("text")
   c.data.corpus = args.corpus
   c.data.seq_len, c.data.batch_size = s["seq_len"], s["batch_size"]
-  c.model.d_model, c.model.num_layers, c.model.num_heads = s["d_model"], s["num_layers"], s["num_heads"]
   c.model.tie_embeddings = True
-  c.optim.lr, c.optim.warmup_steps = s["lr"], s["warmup_steps"]
-  c.train.steps, c.train.eval_every, c.train.eval_batches = s["steps"], s["eval_every"], s["eval_batches"]
-  c.train.log_every = s["log_every"]
-  c.train.checkpoint_every = max(s["steps"] // 4, 1)
+  common.apply_size(c, s)
   common.apply_model_args(c, args)
   return common.finalize(c)
