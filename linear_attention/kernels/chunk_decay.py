@@ -662,6 +662,26 @@ def unsupported_arguments(q, log_decay=None, segment_ids=None) -> dict[str, str]
   return bad
 
 
+def resolve_launch(what: str, unsupported: dict[str, str], platform, block_sizes, sizes_cls,
+                   interpret):
+  """Checks a kernel entry point's launch arguments; returns ``(platform, block_sizes, interpret)``.
+
+  Raises a ``ValueError`` naming the first unsupported argument, an unknown
+  platform or block sizes of the wrong class; ``None`` means the default of each.
+  """
+  if unsupported:
+    name, why = next(iter(unsupported.items()))
+    raise ValueError(f"{what} does not support {name}: {why}.")
+  platform = default_platform() if platform is None else platform
+  common.check_choice("platform", platform, PLATFORMS)
+  block_sizes = sizes_cls() if block_sizes is None else block_sizes
+  if not isinstance(block_sizes, sizes_cls):
+    raise ValueError(f"block_sizes must be a {sizes_cls.__name__}, "
+                     f"got {type(block_sizes).__name__}.")
+  block_sizes.check(platform)
+  return platform, block_sizes, default_interpret(platform) if interpret is None else interpret
+
+
 def chunk_decay_attention(
     q: Array,
     k: Array,
@@ -703,17 +723,9 @@ def chunk_decay_attention(
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   decay_ops.check_log_decay(log_decay, b, t, h, dk)
   common.check_state("initial_state", initial_state, (b, h, dk, dv))
-  bad = unsupported_arguments(q, log_decay)
-  if bad:
-    name, why = next(iter(bad.items()))
-    raise ValueError(f"chunk_decay_attention does not support {name}: {why}.")
-  platform = default_platform() if platform is None else platform
-  common.check_choice("platform", platform, PLATFORMS)
-  block_sizes = BlockSizes() if block_sizes is None else block_sizes
-  if not isinstance(block_sizes, BlockSizes):
-    raise ValueError(f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}.")
-  block_sizes.check(platform)
-  interpret = default_interpret(platform) if interpret is None else interpret
+  platform, block_sizes, interpret = resolve_launch(
+      "chunk_decay_attention", unsupported_arguments(q, log_decay), platform, block_sizes,
+      BlockSizes, interpret)
   o, state = _chunk_decay(q, k, v, log_decay, initial_state,
                           scale=common.resolve_scale(scale, dk), block_sizes=block_sizes,
                           platform=platform, interpret=interpret)

@@ -36,13 +36,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from linear_attention.kernels.chunk_decay import (
-    PLATFORMS,
     SUPPORTED_DTYPES,
     _next_pow2,
     _round_up,
-    default_interpret,
-    default_platform,
     resolve_implementation,
+    resolve_launch,
     triton_compiler_params,
 )
 from linear_attention.ops import common
@@ -221,17 +219,9 @@ def linear_scan(
   common.check_shape("a", a, b.shape, "the shape of b; a is never broadcast")
   if h0 is not None:
     common.check_shape("h0", h0, (b.shape[0],) + b.shape[2:], "[B, ...] as b without T")
-  bad = unsupported_arguments(a, b, h0)
-  if bad:
-    name, why = next(iter(bad.items()))
-    raise ValueError(f"the Pallas linear_scan does not support {name}: {why}.")
-  platform = default_platform() if platform is None else platform
-  common.check_choice("platform", platform, PLATFORMS)
-  block_sizes = ScanBlockSizes() if block_sizes is None else block_sizes
-  if not isinstance(block_sizes, ScanBlockSizes):
-    raise ValueError(f"block_sizes must be a ScanBlockSizes, got {type(block_sizes).__name__}.")
-  block_sizes.check(platform)
-  interpret = default_interpret(platform) if interpret is None else interpret
+  platform, block_sizes, interpret = resolve_launch(
+      "the Pallas linear_scan", unsupported_arguments(a, b, h0), platform, block_sizes,
+      ScanBlockSizes, interpret)
   h, state = _linear_scan(a, b, h0, reverse=bool(reverse), block_sizes=block_sizes,
                           platform=platform, interpret=interpret)
   return (h, state) if return_state else h

@@ -171,3 +171,9 @@ def remat_scan(body, init, xs, chunk: int = REMAT_CHUNK):
   inner = jax.checkpoint(lambda carry, x: jax.lax.scan(body, carry, x))
   carry, ys = jax.lax.scan(inner, init, jax.tree_util.tree_map(split, xs))
   return carry, jax.tree_util.tree_map(lambda y: y.reshape((n * c,) + y.shape[2:])[:t], ys)
+
+
+def acc_dtype(*dtypes) -> jnp.dtype:
+  """The accumulation dtype: float32 (complex64 for complex inputs), or wider when the inputs are
+  (float64 keeps gradient checks precise)."""
+  return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)

@@ -44,11 +44,6 @@ _SUBCHUNK = 16
 _BLOCK_CHUNKS = 16
 
 
-def _acc_dtype(dtype) -> jnp.dtype:
-  """float32, or wider if the inputs are (float64 keeps gradient checks precise)."""
-  return jnp.promote_types(dtype, jnp.float32)
-
-
 def check_log_decay(log_decay: Array | None, batch: int, seq: int, heads: int, key_dim: int,
                     name: str = "log_decay") -> None:
   """Raises unless ``log_decay`` is None, ``[B,T,H]`` or ``[B,T,H,K]`` and, when concrete, <= 0."""
@@ -141,7 +136,7 @@ def decay_linear_attention(
 @functools.partial(jax.jit, static_argnames=("scale", "form", "chunk_size"))
 def _forward(q, k, v, log_decay, initial_state, segment_ids, *, scale, form, chunk_size):
   """The checked entry point's body, compiled once per shape and static config."""
-  acc = _acc_dtype(q.dtype)
+  acc = common.acc_dtype(q.dtype)
   # Work in [B, H, T, *]: heads become a batch axis of every matmul.
   qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
   qh = qh * scale

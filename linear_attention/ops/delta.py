@@ -68,11 +68,6 @@ from linear_attention.ops import common
 Array = jax.Array
 
 
-def _acc_dtype(dtype) -> jnp.dtype:
-  """float32, or wider if the inputs are (float64 keeps gradient checks precise)."""
-  return jnp.promote_types(dtype, jnp.float32)
-
-
 def _concrete_values(x) -> np.ndarray | None:
   """The values of ``x`` as float32 numpy, or None when traced (under jit/grad/vmap)."""
   try:
@@ -179,7 +174,7 @@ def delta_rule(
 def _forward(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, form, chunk_size):
   """Checked inputs in, ``(o, state)`` out. Jitted so that eager calls compile
   once per shape instead of dispatching every small op on its own."""
-  acc = _acc_dtype(q.dtype)
+  acc = common.acc_dtype(q.dtype)
   # Work in [B, H, T, *]: heads become a batch axis of every matmul.
   qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
   qh = qh * jnp.asarray(scale, acc)
@@ -447,7 +442,7 @@ def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
 
 def _l2_normalize(x: Array, eps: float = 1e-6) -> Array:
   """``x / ||x||`` over the last axis, in the accumulation dtype, cast back."""
-  xf = x.astype(_acc_dtype(x.dtype))
+  xf = x.astype(common.acc_dtype(x.dtype))
   return (xf * lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 

@@ -116,7 +116,7 @@ def _retention_log_gamma(gamma: Array | None, heads: int) -> Array:
   c = _concrete(gamma)
   if c is not None and not (np.all(c > 0) and np.all(c < 1)):
     raise ValueError(f"gamma must lie in (0, 1), got values from {c.min()} to {c.max()}.")
-  return jnp.log(gamma.astype(decay._acc_dtype(gamma.dtype)))
+  return jnp.log(gamma.astype(common.acc_dtype(gamma.dtype)))
 
 
 def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
@@ -170,7 +170,7 @@ def retention_step(q: Array, k: Array, v: Array, state: Array, *, gamma: Array |
 
 def _hgrn2_key(log_f: Array, dtype) -> Array:
   # 1 - f through expm1: exact for f close to 1, where the key is small.
-  return (-jnp.expm1(log_f.astype(decay._acc_dtype(log_f.dtype)))).astype(dtype)
+  return (-jnp.expm1(log_f.astype(common.acc_dtype(log_f.dtype)))).astype(dtype)
 
 
 def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
@@ -260,7 +260,7 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
   _check_param("u", u, (h, dk), "[H, K]")
   common.check_segment_ids(segment_ids, b, t)
   scale = common.resolve_scale(scale, dk)
-  acc = decay._acc_dtype(r.dtype)
+  acc = common.acc_dtype(r.dtype)
   r32, k32, v32 = (x.astype(acc) for x in (r, k, v))
 
   late = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
@@ -330,7 +330,7 @@ def _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus):
     if p is not None:
       _check_param(name, p, (h,), "[H], one per head of x")
 
-  acc = decay._acc_dtype(x.dtype)
+  acc = common.acc_dtype(x.dtype)
   dt = dt.astype(acc) if dt_bias is None else dt.astype(acc) + dt_bias.astype(acc)
   if dt_softplus:
     dt = jax.nn.softplus(dt)

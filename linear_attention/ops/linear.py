@@ -30,7 +30,7 @@ def _features(q, k, feature_map, *, scale, key, num_features, projection, normal
   """Returns ``(phi(q), phi(k), engine_scale, projection)`` in the accumulation dtype."""
   common.check_choice("feature_map", feature_map, fm.FEATURE_MAPS)
   dk = q.shape[-1]
-  acc = decay._acc_dtype(q.dtype)
+  acc = common.acc_dtype(q.dtype)
   q, k = q.astype(acc), k.astype(acc)
   if feature_map in fm.DETERMINISTIC_MAPS:
     return (fm.apply_feature_map(feature_map, q), fm.apply_feature_map(feature_map, k),

@@ -35,11 +35,6 @@ Array = jax.Array
 SCAN_FORMS = ("chunk", "associative", "recurrent")
 
 
-def acc_dtype(*dtypes) -> jnp.dtype:
-  """float32 (complex64 for complex inputs), or wider when the inputs are."""
-  return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
-
-
 def _check_inexact(name: str, x: Array) -> None:
   if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
     raise ValueError(
@@ -106,7 +101,7 @@ def linear_scan(
   use_pallas = kernel.resolve_implementation(implementation, unsupported)
 
   out_dtype = b.dtype
-  acc = acc_dtype(a.dtype, b.dtype, *(() if h0 is None else (h0.dtype,)))
+  acc = common.acc_dtype(a.dtype, b.dtype, *(() if h0 is None else (h0.dtype,)))
   a, b = a.astype(acc), b.astype(acc)
   h0 = None if h0 is None else h0.astype(acc)
   if reverse:

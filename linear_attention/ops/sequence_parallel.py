@@ -156,7 +156,7 @@ def sequence_parallel_decay_attention_local(
                                         segment_ids)
   idx = _axis_index(axis_name)
   scale = common.resolve_scale(scale, dk)
-  acc = decay._acc_dtype(q.dtype)
+  acc = common.acc_dtype(q.dtype)
   g = None if log_decay is None else log_decay.astype(acc)
   s0 = None if initial_state is None else initial_state.astype(acc)
 

@@ -63,11 +63,6 @@ PAD_KEY_SEG = -1
 PAD_QUERY_SEG = -2
 
 
-def _acc_dtype(dtype) -> jnp.dtype:
-  """float32, or wider if the inputs are (float64 keeps gradient checks precise)."""
-  return jnp.promote_types(dtype, jnp.float32)
-
-
 # ---------------------------------------------------------------------------
 # Shared machinery.
 
@@ -134,7 +129,7 @@ class BlockMask:
 
 def _block_logits(mask: BlockMask, scale: float, qi, kj, qpi, kpj, qsi, ksj):
   """Masked float32 logits ``[B, bq, H, bk]`` and the mask ``[B, bq, 1, bk]``."""
-  acc = _acc_dtype(qi.dtype)
+  acc = common.acc_dtype(qi.dtype)
   s = jnp.einsum("bqhd,bkhd->bqhk", qi, kj, preferred_element_type=acc) * scale
   ok = (qsi[:, :, None] == ksj[:, None, :]) & mask.visible(qpi, kpj)
   ok = ok[:, :, None, :]
@@ -162,7 +157,7 @@ def _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
   dv = v.shape[-1]
   bq, bk = mask.block_q, mask.block_k
   nq, nk = tq // bq, k.shape[1] // bk
-  acc = _acc_dtype(q.dtype)
+  acc = common.acc_dtype(q.dtype)
 
   def query_block(args):
     i, qi, qpi, qsi = args
@@ -307,7 +302,7 @@ def dense_attention_stats(q: Array, k: Array, v: Array, visible: Array,
     ``(o, lse)``: ``[..., Tq, H, V]`` and ``[..., Tq, H]`` in the accumulation
     dtype. A query that sees no key gets ``o = 0`` and ``lse = MASK_VALUE``.
   """
-  acc = _acc_dtype(q.dtype)
+  acc = common.acc_dtype(q.dtype)
   s = jnp.einsum("...qhd,...khd->...qhk", q, k, preferred_element_type=acc) * scale
   ok = visible[..., :, None, :]
   s = jnp.where(ok, s, MASK_VALUE)

@@ -100,7 +100,7 @@ def s4d_log_dt_init(key: Array, channels: int, dt_min: float = 1e-3, dt_max: flo
 
 
 def _complex_dtype(*dtypes):
-  return jnp.promote_types(scan_lib.acc_dtype(*dtypes), jnp.complex64)
+  return jnp.promote_types(common.acc_dtype(*dtypes), jnp.complex64)
 
 
 def _check_s4d_params(A_real, A_imag, B, C, log_dt, D, channels, bidirectional):
@@ -248,7 +248,7 @@ def _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids, *,
               bidirectional, chunk_size, return_state):
   bsz, t, d = u.shape
   n = A_real.shape[1]
-  acc = scan_lib.acc_dtype(u.dtype, A_real.dtype)
+  acc = common.acc_dtype(u.dtype, A_real.dtype)
   dtA, bbar = s4d_discretize(A_real, A_imag, B, log_dt)
   uf = u.astype(acc)
   c_fwd = (C[0] if bidirectional else C).astype(bbar.dtype)
@@ -318,7 +318,7 @@ def s4d_step(
   common.check_float("u", u)
   d, n = _check_s4d_params(A_real, A_imag, B, C, log_dt, D, u.shape[1], False)
   dtA, bbar = s4d_discretize(A_real, A_imag, B, log_dt)
-  acc = scan_lib.acc_dtype(u.dtype, A_real.dtype)
+  acc = common.acc_dtype(u.dtype, A_real.dtype)
   uf = u.astype(acc)
   h = uf[..., None] * bbar
   if state is not None:
@@ -463,7 +463,7 @@ def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *
                     dt_softplus, form, chunk_size):
   bsz, t, d = x.shape
   n = A.shape[1]
-  acc = scan_lib.acc_dtype(x.dtype, A.dtype)
+  acc = common.acc_dtype(x.dtype, A.dtype)
   delta = _delta(dt, dt_bias, dt_softplus, acc)
   A = A.astype(acc)
   dx = delta * x.astype(acc)  # [B, T, D]
@@ -539,7 +539,7 @@ def selective_scan_step(
   """
   common.check_rank("x", x, 2)
   d, n, _ = _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
-  acc = scan_lib.acc_dtype(x.dtype, A.dtype)
+  acc = common.acc_dtype(x.dtype, A.dtype)
   delta = _delta(dt, dt_bias, dt_softplus, acc)
   h = (delta * x.astype(acc))[..., None] * _bc(B.astype(acc), d, 2)
   if state is not None:
