@@ -98,3 +98,80 @@ def loglog_slope(xs, ys) -> float | None:
   my = sum(p[1] for p in pts) / len(pts)
   sxx = sum((p[0] - mx) ** 2 for p in pts)
   return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+
+
+# ----------------------------------------------------------------------------- training grids
+
+
+def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int = 1,
+               extra_flags: tuple[str, ...] = ()) -> list[dict]:
+  """Trains every point (a ``--config`` override dict) as its own process; see ``sweep``.
+
+  Finished points are skipped on a rerun (their ``sweep_status.json`` says done), so an
+  interrupted study resumes. With ``workers`` >= the core count, each process runs XLA on one
+  thread: small models scale poorly across threads, so independent runs use the cores better.
+
+  Args:
+    config_arg: ``configs/<task>.py:<args>``.
+    points: override dicts (``{"model.mixer": "gla", "optim.lr": 1e-3}``).
+    runs_dir: one sub-directory per point (checkpoints, logs); not a results folder.
+    workers: concurrent training processes.
+    extra_flags: ``--config.*`` flags given to every point.
+
+  Returns:
+    One row per point: ``point, status, overrides, metrics`` (``final_metrics.json``),
+    ``workdir``, ``train_curve`` and ``validation_curve`` (the logged records), ``error``.
+  """
+  from linear_attention import sweep
+  from linear_attention.train import metrics
+
+  if workers >= (os.cpu_count() or 1) and "intra_op_parallelism_threads" not in \
+      os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
+                               "=false intra_op_parallelism_threads=1").strip()
+  rows = sweep.run_sweep(config_arg, runs_dir, workers, extra_flags, points=points)
+  for r in rows:
+    wd = os.path.join(runs_dir, r["point"])
+    r["workdir"] = wd
+    keep = ("step", "loss", "accuracy", "tokens_per_s", "bits_per_byte", "elapsed")
+    for split in ("train", "validation"):
+      r[f"{split}_curve"] = [{k: m[k] for k in keep if k in m}
+                             for m in metrics.read_metrics(wd, split)]
+    r.pop("command", None)
+    r.pop("log_tail", None)
+  return rows
+
+
+def failed_points(rows: list[dict]) -> list[str]:
+  """``"point: error"`` for every row that did not finish."""
+  return [f"{r['point']}: {r.get('error')}" for r in rows if r["status"] != "done"]
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+  """A plain-text table: ``columns`` are ``(key, header, format)`` (``"{:.3f}"``)."""
+  head = [h for _, h, _ in columns]
+  body = [[("-" if r.get(k) is None else f.format(r[k])) for k, _, f in columns] for r in rows]
+  widths = [max(len(x) for x in col) for col in zip(head, *body)]
+  line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+  return "\n".join([line(head)] + [line(b) for b in body])
+
+
+def study_args(description: str, name: str):
+  """The flags every training study shares: ``--smoke --out --runs --workers``."""
+  import argparse
+  p = argparse.ArgumentParser(description=description,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--smoke", action="store_true", help="tiny size, for CI (under a minute)")
+  p.add_argument("--out", default=os.path.join(DEFAULT_RESULTS, name),
+                 help="results folder (JSON, CSV)")
+  p.add_argument("--runs", default=None,
+                 help=f"training runs folder (default: runs/studies/{name}[-smoke]); finished "
+                      "runs there are reused")
+  p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                 help="concurrent training processes")
+  return p
+
+
+def runs_dir(args, name: str) -> str:
+  """``--runs`` or ``runs/studies/<name>[-smoke]`` under the repository."""
+  return args.runs or os.path.join(REPO_ROOT, "runs", "studies", name + ("-smoke" if args.smoke else ""))

@@ -86,6 +86,8 @@ class Dataset:
     seq_len, batch_size, seed: from the config.
     splits: the split names :meth:`batch` accepts.
     config: the validated config as a plain dict (every field, defaults filled).
+    max_targets_per_row: optional (``"lm"`` tasks scored at a few positions): no row has
+      more counted positions; the trainer then computes logits at those positions only.
   """
 
   task: str = ""

@@ -29,7 +29,7 @@ _COMMON: dict[str, Any] = {
 _TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     "mqar": ("synthetic:MQAR", {
         "batch_size": 64, "seq_len": 256, "vocab_size": 8192, "num_kv_pairs": 16,
-        "power_a": 0.01, "random_non_queries": True,
+        "power_a": 0.01, "random_non_queries": True, "mixture": "",
     }),
     "selective_copying": ("synthetic:SelectiveCopying", {
         "batch_size": 32, "seq_len": 4096, "vocab_size": 16, "num_tokens": 16,

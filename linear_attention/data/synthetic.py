@@ -37,6 +37,11 @@ class MQAR(SyntheticDataset):
   * every other position holds a uniform random token of ``[0, V)`` when
     ``random_non_queries`` (Zoology's default), else 0.
 
+  ``mixture`` (e.g. ``"64:4,128:8,256:16"``, Zoology's way of training one model for
+  several settings): each row is an example of one ``length:pairs`` setting, drawn
+  uniformly, then filler up to ``seq_len`` (random tokens or 0, never scored), which a
+  causal model does not see while answering. Empty: every row is ``seq_len:num_kv_pairs``.
+
   Sampling the gaps without replacement uses the Gumbel-top-k identity, which
   has the same law as drawing them one by one with ``p`` renormalised.
   """
@@ -46,45 +51,82 @@ class MQAR(SyntheticDataset):
   def __init__(self, config: Mapping[str, Any]):
     super().__init__(config)
     c = self.config
-    v, t, n = c["vocab_size"], c["seq_len"], c["num_kv_pairs"]
-    _require(n >= 1, "num_kv_pairs", ">= 1", n)
+    v, t = c["vocab_size"], c["seq_len"]
     _require(v >= 4, "vocab_size", ">= 4", v)
-    _require(n <= v // 2 - 1, "num_kv_pairs",
-             f"<= vocab_size // 2 - 1 = {v // 2 - 1} "
-             "(keys are distinct tokens of [1, vocab_size // 2))", n)
-    _require(t >= 4 * n, "seq_len",
-             f">= 4 * num_kv_pairs = {4 * n} "
-             "(the pairs, then room for a query every other slot)", t)
     _require(c["power_a"] > 0, "power_a", "> 0", c["power_a"])
+    self.settings = parse_mixture(c["mixture"]) if c["mixture"] else [(t, c["num_kv_pairs"])]
+    for length, n in self.settings:
+      field = "mixture" if c["mixture"] else "num_kv_pairs"
+      _require(n >= 1, field, "pairs >= 1", n)
+      _require(n <= v // 2 - 1, field, f"pairs <= vocab_size // 2 - 1 = {v // 2 - 1} "
+               "(keys are distinct tokens of [1, vocab_size // 2))", n)
+      _require(length >= 4 * n, "mixture" if c["mixture"] else "seq_len",
+               f"a length >= 4 * pairs = {4 * n} (the pairs, then room for a query every "
+               "other slot)", length)
+      _require(length <= t, "seq_len", f">= every mixture length ({length})", t)
     self.vocab_size = v
-    self.num_kv_pairs = n
+    self.num_kv_pairs = c["num_kv_pairs"]
+    self.max_targets_per_row = max(n for _, n in self.settings)
     self.power_a = float(c["power_a"])
     self.random_non_queries = bool(c["random_non_queries"])
-    space = (t - 2 * n) // 2
-    g = np.arange(1, space + 1, dtype=np.float64)
+
+  def _gap_logp(self, length: int, n: int) -> np.ndarray:
+    g = np.arange(1, (length - 2 * n) // 2 + 1, dtype=np.float64)
     p = self.power_a * g ** (self.power_a - 1.0)
-    self._gap_logp = np.log(p / p.sum())
+    return np.log(p / p.sum())
 
   def _generate(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    b, t, v, n = self.batch_size, self.seq_len, self.vocab_size, self.num_kv_pairs
-    half = v // 2
-    keys = choose_distinct(rng, b, 1, half, n)
-    values = choose_distinct(rng, b, half, v, n)
-    scores = self._gap_logp[None, :] + rng.gumbel(size=(b, self._gap_logp.shape[0]))
-    gaps = np.argpartition(-scores, n - 1, axis=1)[:, :n]
+    b, t, v = self.batch_size, self.seq_len, self.vocab_size
     if self.random_non_queries:
       inputs = rng.integers(0, v, size=(b, t), dtype=np.int64)
     else:
       inputs = np.zeros((b, t), np.int64)
-    inputs[:, 0:2 * n:2] = keys
-    inputs[:, 1:2 * n:2] = values
-    qpos = 2 * n + 2 * gaps
-    np.put_along_axis(inputs, qpos, keys, axis=1)
     targets = np.zeros((b, t), np.int64)
-    np.put_along_axis(targets, qpos, values, axis=1)
     mask = np.zeros((b, t), np.float32)
-    np.put_along_axis(mask, qpos, 1.0, axis=1)
+    which = rng.integers(0, len(self.settings), size=b) if len(self.settings) > 1 \
+        else np.zeros(b, np.int64)
+    for i, (length, n) in enumerate(self.settings):
+      rows = np.flatnonzero(which == i)
+      if rows.size:
+        self._fill(rng, rows, n, self._gap_logp(length, n), inputs, targets, mask)
     return lm_batch(inputs, targets, mask)
+
+  def _fill(self, rng, rows, n, gap_logp, inputs, targets, mask) -> None:
+    """Writes the pairs and queries of ``rows`` (an example with ``n`` pairs) in place."""
+    b, half = rows.size, self.vocab_size // 2
+    keys = choose_distinct(rng, b, 1, half, n)
+    values = choose_distinct(rng, b, half, self.vocab_size, n)
+    scores = gap_logp[None, :] + rng.gumbel(size=(b, gap_logp.shape[0]))
+    gaps = np.argpartition(-scores, n - 1, axis=1)[:, :n]
+    qpos = 2 * n + 2 * gaps
+    sub = inputs[rows]
+    sub[:, 0:2 * n:2] = keys
+    sub[:, 1:2 * n:2] = values
+    np.put_along_axis(sub, qpos, keys, axis=1)
+    inputs[rows] = sub
+    for arr, val in ((targets, values), (mask, 1.0)):
+      sub = arr[rows]
+      np.put_along_axis(sub, qpos, val, axis=1)
+      arr[rows] = sub
+
+
+def parse_mixture(text: str) -> list[tuple[int, int]]:
+  """``"64:4,128:8"`` -> ``[(64, 4), (128, 8)]`` (MQAR's ``mixture`` field).
+
+  Raises:
+    ValueError: an item that is not ``length:pairs`` with positive ints.
+  """
+  out = []
+  for item in text.split(","):
+    parts = item.strip().split(":")
+    try:
+      length, n = (int(p) for p in parts)
+    except ValueError:
+      raise ValueError(f"config field 'mixture' must be 'length:pairs,...' with ints, got "
+                       f"{text!r}.") from None
+    _require(length >= 1 and n >= 1, "mixture", "positive lengths and pairs", text)
+    out.append((length, n))
+  return out
 
 
 class SelectiveCopying(SyntheticDataset):
@@ -111,6 +153,7 @@ class SelectiveCopying(SyntheticDataset):
     _require(t >= 2 * n, "seq_len", f">= 2 * num_tokens = {2 * n}", t)
     self.vocab_size = v
     self.num_tokens = n
+    self.max_targets_per_row = n
     self.noise_token = 0
     self.marker_token = v - 1
 
@@ -150,6 +193,7 @@ class InductionHeads(SyntheticDataset):
     _require(t >= 3, "seq_len", ">= 3 (trigger, target, trigger)", t)
     self.vocab_size = v
     self.trigger_token = v - 1
+    self.max_targets_per_row = 1
 
   def _generate(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
     b, t, v = self.batch_size, self.seq_len, self.vocab_size

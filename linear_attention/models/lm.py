@@ -161,9 +161,21 @@ class LanguageModel(nnx.Module):
   def _logits(self, h):
     return self.backbone.embed.attend(h) if self.lm_head is None else self.lm_head(h)
 
-  def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:
-    """``tokens [B, T]`` -> logits ``[B, T, V]`` (compute dtype)."""
-    return self._logits(self.backbone(tokens, segment_ids))
+  def __call__(self, tokens: Array, segment_ids: Array | None = None,
+               positions: Array | None = None) -> Array:
+    """``tokens [B, T]`` -> logits ``[B, T, V]`` (compute dtype).
+
+    ``positions [B, K]`` int: the logits at those positions only, ``[B, K, V]``. Tasks that
+    are scored at a few positions per row (recall, copying) skip the ``[B, T, V]`` head,
+    which dominates the cost with a large vocabulary.
+    """
+    h = self.backbone(tokens, segment_ids)
+    if positions is not None:
+      if positions.ndim != 2 or positions.shape[0] != tokens.shape[0]:
+        raise ValueError(f"positions must be [B={tokens.shape[0]}, K] ints, got shape "
+                         f"{positions.shape}.")
+      h = jnp.take_along_axis(h, positions[..., None], axis=1)
+    return self._logits(h)
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> list:
     """Per-block caches; recurrent states float32, KV caches in ``dtype`` (default: params)."""

@@ -80,20 +80,31 @@ def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
 # ----------------------------------------------------------------------------- loss
 
 
-def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: str):
+def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: str,
+                     max_targets: int | None = None):
   """Masked cross-entropy.
 
   ``kind="lm"``: ``inputs, targets [B, T]`` int, ``mask [B, T]`` float (1 = counted); the loss
   is the mean over counted tokens. ``kind="classify"``: ``inputs [B, T]``, ``mask [B, T]``
   bool (True = real token), ``label [B]``; the mean over sequences.
 
+  ``max_targets`` (``"lm"`` only): a bound on the counted positions of any row (the dataset's
+  ``max_targets_per_row``). The logits are then computed at the first ``max_targets``
+  counted positions of each row only; the loss and accuracy are the same as without it.
+
   Returns:
     ``(loss, {"loss_sum", "correct", "weight"})`` with float32 scalars (sums, so that
     evaluation batches add up exactly).
   """
   if kind == "lm":
-    logits = model(batch["inputs"])
     labels, w = batch["targets"], batch["mask"].astype(jnp.float32)
+    if max_targets:
+      # Stable sort of "not counted" puts each row's counted positions first, in order.
+      pos = jnp.argsort(w <= 0, axis=-1, stable=True)[:, :max_targets]
+      labels, w = (jnp.take_along_axis(a, pos, axis=1) for a in (labels, w))
+      logits = model(batch["inputs"], positions=pos)
+    else:
+      logits = model(batch["inputs"])
   else:
     logits = model(batch["inputs"], batch["mask"])
     labels = batch["label"]
@@ -106,7 +117,7 @@ def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: st
   return loss, {"loss_sum": loss_sum, "correct": jnp.sum(correct * w), "weight": weight}
 
 
-def _make_steps(graphdef, kind: str, state_sh, batch_sh, repl):
+def _make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None):
   """Jitted train and eval steps on the flat ``(model, optimizer)`` state.
 
   ``jax.jit`` over ``nnx.split`` state (rather than ``nnx.jit`` on the objects) gives explicit
@@ -116,7 +127,7 @@ def _make_steps(graphdef, kind: str, state_sh, batch_sh, repl):
   def train_step(state, batch):
     model, opt = nnx.merge(graphdef, state)
     grad_fn = nnx.value_and_grad(loss_and_metrics, has_aux=True)
-    (loss, aux), grads = grad_fn(model, batch, kind)
+    (loss, aux), grads = grad_fn(model, batch, kind, max_targets)
     gnorm = optax.tree.norm(grads)
     opt.update(model, grads)
     out = {"loss": loss, "accuracy": aux["correct"] / jnp.maximum(aux["weight"], 1.0),
@@ -125,7 +136,7 @@ def _make_steps(graphdef, kind: str, state_sh, batch_sh, repl):
 
   def eval_step(state, batch):
     model, _ = nnx.merge(graphdef, state)
-    return loss_and_metrics(model, batch, kind)[1]
+    return loss_and_metrics(model, batch, kind, max_targets)[1]
 
   train = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, repl),
                   donate_argnums=0)
@@ -250,7 +261,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
   state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
   state = jax.device_put(state, state_sh)
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  train_fn, eval_fn = _make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl)
+  train_fn, eval_fn = _make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl,
+                                  getattr(ds, "max_targets_per_row", None))
 
   tcfg = config.train
   ckpt = ckpt_lib.Checkpointer(workdir, tcfg.checkpoint_every, tcfg.keep_checkpoints,
@@ -394,3 +406,68 @@ def load_checkpoint(workdir: str, step: int | None = None) -> dict:
   out = mngr.restore(step, args=ocp.args.StandardRestore())
   mngr.close()
   return out
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run in ``workdir`` was trained with (its ``config.json``)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise ValueError(f"no {CONFIG_FILE} in {workdir!r}: not a training run directory.")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None = None, *,
+                        num_batches: int | None = None, split: str = "validation",
+                        step: int | None = None) -> dict:
+  """Evaluates a trained run's checkpoint on its task with some data fields changed.
+
+  For generalisation tests: a model trained at ``seq_len=256`` evaluated at 16k, an MQAR
+  model on another number of pairs. Nothing in ``workdir`` is written.
+
+  Args:
+    workdir: a run directory of :func:`train_and_evaluate`.
+    data_overrides: fields of ``config.data`` to change (``{"seq_len": 4096}``).
+    num_batches: evaluation batches (``None``: the dataset's default).
+    split: the split to evaluate.
+    step: the checkpoint (default: the latest).
+
+  Returns:
+    ``{"loss", "accuracy", "step"}`` (plus ``bits_per_byte`` for text).
+
+  Raises:
+    ValueError: not a run directory, no checkpoint, an override that changes the vocabulary
+      or the classes (the model could not read it), or a bad data field.
+  """
+  from linear_attention import data
+
+  config = load_config(workdir)
+  trained = data.make_dataset(config.data)
+  dcfg = config.data.to_dict()
+  dcfg.update(dict(data_overrides or {}))
+  ds = data.make_dataset(dcfg)
+  if (ds.vocab_size, ds.num_classes) != (trained.vocab_size, trained.num_classes):
+    raise ValueError(f"data_overrides {dict(data_overrides)} change the vocabulary/classes from "
+                     f"{(trained.vocab_size, trained.num_classes)} to "
+                     f"{(ds.vocab_size, ds.num_classes)}; the trained model cannot read them.")
+  model = create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
+                       int(config.train.seed))
+  opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
+  mesh = sharding.make_mesh(config.mesh)
+  graphdef, state = nnx.split((model, opt))
+  state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
+  ckpt = ckpt_lib.Checkpointer(workdir, 0, 1, False)
+  try:
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      raise ValueError(f"no complete checkpoint in {workdir!r}.")
+    state = ckpt.restore(step, jax.device_put(state, state_sh))
+  finally:
+    ckpt.close()
+  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  _, eval_fn = _make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl,
+                           getattr(ds, "max_targets_per_row", None))
+  res = evaluate(eval_fn, state, ds, mesh, num_batches, split)
+  if config.data.get("task") == "text":
+    res["bits_per_byte"] = res["loss"] / math.log(2)
+  return {**res, "step": int(step)}

@@ -45,27 +45,64 @@ def test_splits_differ_and_eval_is_fixed(task):
     check_contract(ds, b)
 
 
+def _check_mqar_row(x, y, m, v, n, length):
+  """One MQAR row with ``n`` pairs whose example ends at ``length`` (filler after it)."""
+  keys, values = x[0:2 * n:2], x[1:2 * n:2]
+  # Keys distinct in [1, V/2), values distinct in [V/2, V): disjoint halves.
+  assert len(set(keys)) == n and len(set(values)) == n
+  assert keys.min() >= 1 and keys.max() < v // 2
+  assert values.min() >= v // 2 and values.max() < v
+  qpos = np.flatnonzero(m)
+  assert len(qpos) == n
+  assert qpos.min() >= 2 * n and qpos.max() < length and np.all((qpos - 2 * n) % 2 == 0)
+  assert np.all(y[m == 0] == 0)
+  pairs = dict(zip(keys.tolist(), values.tolist()))
+  # Each key asked exactly once, and the target is the value paired with it earlier.
+  assert sorted(x[qpos].tolist()) == sorted(keys.tolist())
+  for p in qpos:
+    assert y[p] == pairs[x[p]]
+
+
 def test_mqar_definition():
   cfg = SMALL["mqar"]
   ds = data.make_dataset(cfg)
   v, n = cfg["vocab_size"], cfg["num_kv_pairs"]
+  assert ds.max_targets_per_row == n
   for step in range(4):
     b = ds.batch(step)
     for x, y, m in zip(b["inputs"], b["targets"], b["mask"]):
-      keys, values = x[0:2 * n:2], x[1:2 * n:2]
-      # Keys distinct in [1, V/2), values distinct in [V/2, V): disjoint halves.
-      assert len(set(keys)) == n and len(set(values)) == n
-      assert keys.min() >= 1 and keys.max() < v // 2
-      assert values.min() >= v // 2 and values.max() < v
-      qpos = np.flatnonzero(m)
-      assert len(qpos) == n
-      assert qpos.min() >= 2 * n and np.all((qpos - 2 * n) % 2 == 0)
-      assert np.all(y[m == 0] == 0)
-      pairs = dict(zip(keys.tolist(), values.tolist()))
-      # Each key asked exactly once, and the target is the value paired with it earlier.
-      assert sorted(x[qpos].tolist()) == sorted(keys.tolist())
-      for p in qpos:
-        assert y[p] == pairs[x[p]]
+      _check_mqar_row(x, y, m, v, n, cfg["seq_len"])
+
+
+def test_mqar_mixture_rows_are_examples_of_each_setting():
+  cfg = dict(SMALL["mqar"], mixture="16:2, 32:4,64:8", batch_size=64)
+  ds = data.make_dataset(cfg)
+  assert ds.settings == [(16, 2), (32, 4), (64, 8)] and ds.max_targets_per_row == 8
+  b = ds.batch(0)
+  check_contract(ds, b)
+  by_pairs = {2: 16, 4: 32, 8: 64}
+  seen = set()
+  for x, y, m in zip(b["inputs"], b["targets"], b["mask"]):
+    n = int(m.sum())
+    assert n in by_pairs
+    seen.add(n)
+    _check_mqar_row(x, y, m, cfg["vocab_size"], n, by_pairs[n])
+  assert seen == {2, 4, 8}  # 64 rows: every setting drawn
+
+
+@pytest.mark.parametrize("mixture, match", [
+    ("16:2,32", "length:pairs"), ("a:b", "length:pairs"), ("16:0", "positive"),
+    ("128:8", "seq_len"), ("16:8", "4 \\* pairs"), ("16:80", "vocab_size")])
+def test_mqar_bad_mixture_names_the_field(mixture, match):
+  with pytest.raises(ValueError, match=match):
+    data.make_dataset(dict(SMALL["mqar"], mixture=mixture))
+
+
+@pytest.mark.parametrize("task", list(SMALL))
+def test_max_targets_per_row_bounds_every_row(task):
+  ds = data.make_dataset(dict(SMALL[task], batch_size=64))
+  for step in range(3):
+    assert ds.batch(step)["mask"].sum(1).max() <= ds.max_targets_per_row
 
 
 def test_mqar_power_law_gaps():

@@ -76,6 +76,16 @@ def test_language_model_forward_and_tied_embeddings():
   assert tied.lm_head is None
 
 
+def test_logits_at_positions_are_the_forward_logits_there():
+  model = lm(mixer="gla", num_layers=1)
+  toks = tokens()
+  pos = jnp.array([[0, 5, 10], [3, 3, 1]])
+  np.testing.assert_allclose(model(toks, positions=pos),
+                             jnp.take_along_axis(model(toks), pos[..., None], axis=1), rtol=1e-6)
+  with pytest.raises(ValueError, match="positions"):
+    model(toks, positions=pos[0])
+
+
 def test_hybrid_decode_matches_forward():
   model = lm(pattern="RLSPA", mixer_kwargs={**SMALL, "mamba2": {"d_state": 8}})
   toks = tokens(t=13)

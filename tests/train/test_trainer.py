@@ -141,3 +141,43 @@ def test_errors_before_anything_is_written(tmp_path):
   with pytest.raises(ValueError, match="optim.lr"):
     train.train_and_evaluate(cfg, str(wd), dataset=FakeDataset())
   assert not wd.exists()
+
+
+def test_logits_at_counted_positions_only_give_the_same_loss_and_gradient():
+  model = models.LanguageModel(16, 8, 1, mixer="gla", num_heads=2, rngs=nnx.Rngs(0))
+  b = FakeDataset().batch(0)
+  b["mask"][1, -3:] = 0.0  # rows with fewer counted positions than the bound
+  k = int(b["mask"].sum(1).max())
+
+  def loss(m, bound):
+    return train.loss_and_metrics(m, b, "lm", bound)
+
+  (l_dense, a_dense), g_dense = nnx.value_and_grad(loss, has_aux=True)(model, None)
+  (l_sparse, a_sparse), g_sparse = nnx.value_and_grad(loss, has_aux=True)(model, k)
+  np.testing.assert_allclose(float(l_sparse), float(l_dense), rtol=1e-6)
+  for key in a_dense:
+    np.testing.assert_allclose(float(a_sparse[key]), float(a_dense[key]), rtol=1e-6)
+  for x, y in zip(_leaves(g_sparse), _leaves(g_dense)):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_evaluate_checkpoint_reproduces_validation_and_changes_the_data(tmp_path):
+  from configs import mqar
+  cfg = mqar.get_config("mixer=gla,size=smoke")
+  cfg.train.steps, cfg.train.eval_every, cfg.train.eval_batches = 3, 0, 2
+  wd = str(tmp_path / "run")
+  final = train.train_and_evaluate(cfg, wd, verbose=False)
+  again = train.evaluate_checkpoint(wd, num_batches=2)
+  assert again["step"] == 3
+  np.testing.assert_allclose(again["loss"], final["validation_loss"], rtol=1e-6)
+  assert again["accuracy"] == final["validation_accuracy"]
+  longer = train.evaluate_checkpoint(wd, {"seq_len": 128, "num_kv_pairs": 8}, num_batches=1,
+                                     split="test")
+  assert np.isfinite(longer["loss"]) and 0 <= longer["accuracy"] <= 1
+  assert longer["loss"] != again["loss"]
+  with pytest.raises(ValueError, match="vocabulary"):
+    train.evaluate_checkpoint(wd, {"vocab_size": 128})
+  with pytest.raises(ValueError, match="num_kv_pairs"):
+    train.evaluate_checkpoint(wd, {"num_kv_pairs": 0})
+  with pytest.raises(ValueError, match="config.json"):
+    train.evaluate_checkpoint(str(tmp_path))

@@ -1,0 +1,100 @@
+"""Language modelling on real text: every causal mixer at equal parameters and equal tokens.
+
+Byte-level language models on two corpora (``data.TextDataset``): the King
+James Bible (``kjv``) and the source of Python's standard library
+(``python_stdlib``). Every mixer gets the same width, depth, heads, learning
+rate, batch, sequence length and number of steps (so the same training
+tokens), and the MLP width that brings its parameter count to that of the
+softmax model (``models.matched_mlp_ratio``). Reported: validation bits per
+byte, training tokens per second (each run single-threaded, two at a time on
+2 cores), and the loss curves.
+
+The published picture this is compared against (e.g. the GLA paper, Yang et
+al. 2023, table 2; the Mamba paper's scaling laws): at equal parameters and
+tokens, gated linear-time models (GLA, Mamba, Mamba-2, Gated DeltaNet) come
+close to or match softmax attention, while ungated linear attention and
+fixed random-feature maps (Performer) are clearly worse.
+
+    python experiments/study_lm.py            # full size (about 40 minutes on 2 cores)
+    python experiments/study_lm.py --smoke    # tiny, for CI
+
+Writes ``<out>/lm.json`` (runs, curves, table) and ``<out>/lm.csv`` (the
+table), and prints the table.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _study_utils as su  # noqa: E402
+
+FULL = dict(mixers=None, corpora=("kjv", "python_stdlib"), d_model=64, num_layers=2,
+            num_heads=2, reference_mlp_ratio=8 / 3, seq_len=256, batch=16, steps=400, lr=3e-3,
+            eval_batches=16)
+SMOKE = dict(mixers=("softmax", "gla"), corpora=("kjv",), d_model=32, num_layers=1,
+             num_heads=2, reference_mlp_ratio=8 / 3, seq_len=32, batch=4, steps=10, lr=3e-3,
+             eval_batches=2)
+VOCAB = 256  # bytes
+
+
+def main() -> int:
+  args = su.study_args(__doc__, "lm").parse_args()
+  size = SMOKE if args.smoke else FULL
+  from linear_attention import models, nn
+
+  mixers = size["mixers"] or nn.CAUSAL_MIXERS
+  points = []
+  for corpus in size["corpora"]:
+    for m in mixers:
+      ratio = models.matched_mlp_ratio(VOCAB, size["d_model"], size["num_layers"], mixer=m,
+                                       num_heads=size["num_heads"],
+                                       reference_mlp_ratio=size["reference_mlp_ratio"])
+      points.append({"data.corpus": corpus, "model.mixer": m, "model.mlp_ratio": ratio})
+  steps = size["steps"]
+  flags = (f"--config.data.seq_len={size['seq_len']}", f"--config.data.batch_size={size['batch']}",
+           f"--config.model.d_model={size['d_model']}",
+           f"--config.model.num_layers={size['num_layers']}",
+           f"--config.model.num_heads={size['num_heads']}", f"--config.optim.lr={size['lr']}",
+           f"--config.train.steps={steps}", f"--config.optim.warmup_steps={max(steps // 10, 1)}",
+           f"--config.train.eval_every={max(steps // 4, 1)}",
+           f"--config.train.log_every={max(steps // 20, 1)}",
+           f"--config.train.eval_batches={size['eval_batches']}")
+  rows = su.train_grid("configs/text_lm.py:size=small", points, su.runs_dir(args, "lm"),
+                       args.workers, flags)
+
+  table = []
+  for r in rows:
+    if r["status"] != "done":
+      continue
+    tps = [c["tokens_per_s"] for c in r["train_curve"] if c.get("tokens_per_s")]
+    table.append({"corpus": r["overrides"]["data.corpus"], "mixer": r["overrides"]["model.mixer"],
+                  "num_params": r["metrics"]["num_params"],
+                  "mlp_ratio": r["overrides"]["model.mlp_ratio"],
+                  "bits_per_byte": r["metrics"]["validation_bits_per_byte"],
+                  "tokens_per_s": statistics.median(tps) if tps else None})
+  for row in table:
+    ref = next((x for x in table if x["corpus"] == row["corpus"] and x["mixer"] == "softmax"), None)
+    if ref and ref["tokens_per_s"] and row["tokens_per_s"]:
+      row["speed_vs_softmax"] = row["tokens_per_s"] / ref["tokens_per_s"]
+      row["bpb_vs_softmax"] = row["bits_per_byte"] - ref["bits_per_byte"]
+
+  out = {"study": "lm", "size": "smoke" if args.smoke else "full", "setup": size,
+         "training_tokens": size["batch"] * size["seq_len"] * steps,
+         "environment": su.environment(shared_machine=None), "table": table, "runs": rows}
+  su.write_json(os.path.join(args.out, "lm.json"), out)
+  cols = [("corpus", "corpus", "{}"), ("mixer", "mixer", "{}"), ("num_params", "params", "{:,}"),
+          ("bits_per_byte", "val bits/byte", "{:.3f}"), ("bpb_vs_softmax", "vs softmax", "{:+.3f}"),
+          ("tokens_per_s", "train tok/s", "{:,.0f}"), ("speed_vs_softmax", "speed/softmax", "{:.2f}")]
+  su.write_csv(os.path.join(args.out, "lm.csv"), table, [c[0] for c in cols])
+  print(su.format_table(table, cols))
+  failed = su.failed_points(rows)
+  if failed:
+    print("failed runs:\n" + "\n".join(failed), file=sys.stderr)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
