@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
@@ -31,7 +32,7 @@ MIXERS = ("softmax", "linear", "performer", "gla", "mamba2", "gated_deltanet", "
           "longformer", "bigbird", "linformer")
 
 FULL = dict(mixers=MIXERS, d_model=64, num_layers=2, num_heads=2, seq_len=256, batch=32,
-            max_depth=6, max_args=5, min_length=32, max_length=256, steps=600, lr=3e-3,
+            max_depth=6, max_args=5, min_length=32, max_length=256, steps=500, lr=3e-3,
             test_batches=16)
 SMOKE = dict(mixers=("softmax", "linformer"), d_model=32, num_layers=1, num_heads=2, seq_len=64,
              batch=8, max_depth=3, max_args=3, min_length=8, max_length=64, steps=10, lr=3e-3,
@@ -49,6 +50,7 @@ def majority_rate(config_data: dict, num_batches: int) -> float:
 
 
 def main() -> int:
+  t0 = time.time()
   args = su.study_args(__doc__, "listops").parse_args()
   size = SMOKE if args.smoke else FULL
   steps = size["steps"]
@@ -76,7 +78,8 @@ def main() -> int:
                   "test_accuracy": test["accuracy"], "test_loss": test["loss"]})
 
   dcfg = {"task": "listops", "batch_size": size["batch"], **{k: size[k] for k in data_fields}}
-  out = {"study": "listops", "size": "smoke" if args.smoke else "full", "setup": size,
+  out = {"study": "listops", "config": {"smoke": args.smoke, **size},
+         "elapsed_s": time.time() - t0,
          "majority_class_rate": majority_rate(dcfg, size["test_batches"]),
          "environment": su.environment(shared_machine=None), "table": table, "runs": rows}
   su.write_json(os.path.join(args.out, "listops.json"), out)

@@ -27,12 +27,13 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
 
 FULL = dict(mixers=None, corpora=("kjv", "python_stdlib"), d_model=64, num_layers=2,
-            num_heads=2, reference_mlp_ratio=8 / 3, seq_len=256, batch=16, steps=400, lr=3e-3,
+            num_heads=2, reference_mlp_ratio=8 / 3, seq_len=256, batch=16, steps=300, lr=3e-3,
             eval_batches=16)
 SMOKE = dict(mixers=("softmax", "gla"), corpora=("kjv",), d_model=32, num_layers=1,
              num_heads=2, reference_mlp_ratio=8 / 3, seq_len=32, batch=4, steps=10, lr=3e-3,
@@ -41,6 +42,7 @@ VOCAB = 256  # bytes
 
 
 def main() -> int:
+  t0 = time.time()
   args = su.study_args(__doc__, "lm").parse_args()
   size = SMOKE if args.smoke else FULL
   from linear_attention import models, nn
@@ -81,7 +83,8 @@ def main() -> int:
       row["speed_vs_softmax"] = row["tokens_per_s"] / ref["tokens_per_s"]
       row["bpb_vs_softmax"] = row["bits_per_byte"] - ref["bits_per_byte"]
 
-  out = {"study": "lm", "size": "smoke" if args.smoke else "full", "setup": size,
+  out = {"study": "lm", "config": {"smoke": args.smoke, **size},
+         "elapsed_s": time.time() - t0,
          "training_tokens": size["batch"] * size["seq_len"] * steps,
          "environment": su.environment(shared_machine=None), "table": table, "runs": rows}
   su.write_json(os.path.join(args.out, "lm.json"), out)

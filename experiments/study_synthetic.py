@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
@@ -40,9 +41,9 @@ MIXERS = ("softmax", "linear", "retnet", "gla", "mamba", "mamba2", "deltanet", "
 
 FULL = dict(
     mixers=MIXERS, d_model=64, lr=3e-3,
-    copying=dict(seq_len=256, num_tokens=16, batch=32, steps=800),
-    induction=dict(seq_len=256, batch=16, steps=800),
-    test_lengths=(256, 512, 1024, 2048, 4096, 8192, 16384), test_examples=64,
+    copying=dict(seq_len=256, num_tokens=16, batch=32, steps=400),
+    induction=dict(seq_len=256, batch=16, steps=600),
+    test_lengths=(256, 512, 1024, 2048, 4096, 8192, 16384), test_examples=32,
     test_tokens_per_batch=32768)
 SMOKE = dict(
     mixers=("softmax", "mamba"), d_model=32, lr=3e-3,
@@ -61,6 +62,7 @@ def _flags(size: dict, task: dict) -> tuple[str, ...]:
 
 
 def main() -> int:
+  t0 = time.time()
   args = su.study_args(__doc__, "synthetic").parse_args()
   size = SMOKE if args.smoke else FULL
   root = su.runs_dir(args, "synthetic")
@@ -100,7 +102,8 @@ def main() -> int:
       row[f"induction_{e['seq_len']}"] = e["accuracy"]
     table.append(row)
 
-  out = {"study": "synthetic", "size": "smoke" if args.smoke else "full", "setup": size,
+  out = {"study": "synthetic", "config": {"smoke": args.smoke, **size},
+         "elapsed_s": time.time() - t0,
          "environment": su.environment(shared_machine=None), "table": table,
          "selective_copying": copy_rows, "induction_heads": ind_rows}
   su.write_json(os.path.join(args.out, "synthetic.json"), out)
