@@ -125,10 +125,9 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
   from linear_attention import sweep
   from linear_attention.train import metrics
 
-  if workers >= (os.cpu_count() or 1) and "intra_op_parallelism_threads" not in \
-      os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
-                               "=false intra_op_parallelism_threads=1").strip()
+  flags = os.environ.get("XLA_FLAGS", "")
+  if workers >= (os.cpu_count() or 1) and "xla_cpu_multi_thread_eigen" not in flags:
+    os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
   rows = sweep.run_sweep(config_arg, runs_dir, workers, extra_flags, points=points)
   for r in rows:
     wd = os.path.join(runs_dir, r["point"])
@@ -142,9 +141,28 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
   return rows
 
 
-def failed_points(rows: list[dict]) -> list[str]:
-  """``"point: error"`` for every row that did not finish."""
-  return [f"{r['point']}: {r.get('error')}" for r in rows if r["status"] != "done"]
+def schedule_flags(steps: int, eval_batches: int) -> tuple[str, ...]:
+  """``--config.*`` flags for a run of ``steps``: 10% warmup, 4 evaluations, 20 log points."""
+  return (f"--config.train.steps={steps}", f"--config.optim.warmup_steps={max(steps // 10, 1)}",
+          f"--config.train.eval_every={max(steps // 4, 1)}",
+          f"--config.train.log_every={max(steps // 20, 1)}",
+          f"--config.train.eval_batches={eval_batches}")
+
+
+def finish(out_dir: str, name: str, result: dict, table: list[dict],
+           columns: list[tuple[str, str, str]], rows: list[dict]) -> int:
+  """Writes ``<name>.json`` (``result``) and ``<name>.csv`` (``table``), prints the table.
+
+  Returns:
+    The exit status: 1 when a run in ``rows`` failed (listed on stderr), else 0.
+  """
+  write_json(os.path.join(out_dir, f"{name}.json"), result)
+  write_csv(os.path.join(out_dir, f"{name}.csv"), table, [c[0] for c in columns])
+  print(format_table(table, columns))
+  failed = [f"{r['point']}: {r.get('error')}" for r in rows if r["status"] != "done"]
+  if failed:
+    print("failed runs:\n" + "\n".join(failed), file=sys.stderr)
+  return 1 if failed else 0
 
 
 def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:

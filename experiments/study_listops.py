@@ -53,15 +53,12 @@ def main() -> int:
   t0 = time.time()
   args = su.study_args(__doc__, "listops").parse_args()
   size = SMOKE if args.smoke else FULL
-  steps = size["steps"]
   data_fields = ("seq_len", "max_depth", "max_args", "min_length", "max_length")
   flags = tuple(f"--config.data.{k}={size[k]}" for k in data_fields) + (
       f"--config.data.batch_size={size['batch']}", f"--config.model.d_model={size['d_model']}",
       f"--config.model.num_layers={size['num_layers']}",
       f"--config.model.num_heads={size['num_heads']}", f"--config.optim.lr={size['lr']}",
-      f"--config.train.steps={steps}", f"--config.optim.warmup_steps={max(steps // 10, 1)}",
-      f"--config.train.eval_every={max(steps // 4, 1)}",
-      f"--config.train.log_every={max(steps // 20, 1)}", "--config.train.eval_batches=4")
+      *su.schedule_flags(size["steps"], 4))
   rows = su.train_grid("configs/listops.py:size=small", [{"model.mixer": m} for m in size["mixers"]],
                        su.runs_dir(args, "listops"), args.workers, flags)
 
@@ -82,16 +79,10 @@ def main() -> int:
          "elapsed_s": time.time() - t0,
          "majority_class_rate": majority_rate(dcfg, size["test_batches"]),
          "environment": su.environment(shared_machine=None), "table": table, "runs": rows}
-  su.write_json(os.path.join(args.out, "listops.json"), out)
   cols = [("mixer", "mixer", "{}"), ("num_params", "params", "{:,}"),
           ("validation_accuracy", "val acc", "{:.3f}"), ("test_accuracy", "test acc", "{:.3f}")]
-  su.write_csv(os.path.join(args.out, "listops.csv"), table, [c[0] for c in cols])
-  print(su.format_table(table, cols))
   print(f"majority class rate on the test batches: {out['majority_class_rate']:.3f}")
-  failed = su.failed_points(rows)
-  if failed:
-    print("failed runs:\n" + "\n".join(failed), file=sys.stderr)
-  return 1 if failed else 0
+  return su.finish(args.out, "listops", out, table, cols, rows)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ def main() -> int:
   size = SMOKE if args.smoke else FULL
   from linear_attention import models, nn
 
-  mixers = size["mixers"] or nn.CAUSAL_MIXERS
+  size = dict(size, mixers=tuple(size["mixers"] or nn.CAUSAL_MIXERS))
+  mixers = size["mixers"]
   points = []
   for corpus in size["corpora"]:
     for m in mixers:
@@ -60,10 +61,7 @@ def main() -> int:
            f"--config.model.d_model={size['d_model']}",
            f"--config.model.num_layers={size['num_layers']}",
            f"--config.model.num_heads={size['num_heads']}", f"--config.optim.lr={size['lr']}",
-           f"--config.train.steps={steps}", f"--config.optim.warmup_steps={max(steps // 10, 1)}",
-           f"--config.train.eval_every={max(steps // 4, 1)}",
-           f"--config.train.log_every={max(steps // 20, 1)}",
-           f"--config.train.eval_batches={size['eval_batches']}")
+           *su.schedule_flags(steps, size["eval_batches"]))
   rows = su.train_grid("configs/text_lm.py:size=small", points, su.runs_dir(args, "lm"),
                        args.workers, flags)
 
@@ -87,16 +85,10 @@ def main() -> int:
          "elapsed_s": time.time() - t0,
          "training_tokens": size["batch"] * size["seq_len"] * steps,
          "environment": su.environment(shared_machine=None), "table": table, "runs": rows}
-  su.write_json(os.path.join(args.out, "lm.json"), out)
   cols = [("corpus", "corpus", "{}"), ("mixer", "mixer", "{}"), ("num_params", "params", "{:,}"),
           ("bits_per_byte", "val bits/byte", "{:.3f}"), ("bpb_vs_softmax", "vs softmax", "{:+.3f}"),
           ("tokens_per_s", "train tok/s", "{:,.0f}"), ("speed_vs_softmax", "speed/softmax", "{:.2f}")]
-  su.write_csv(os.path.join(args.out, "lm.csv"), table, [c[0] for c in cols])
-  print(su.format_table(table, cols))
-  failed = su.failed_points(rows)
-  if failed:
-    print("failed runs:\n" + "\n".join(failed), file=sys.stderr)
-  return 1 if failed else 0
+  return su.finish(args.out, "lm", out, table, cols, rows)
 
 
 if __name__ == "__main__":

@@ -92,11 +92,7 @@ def main() -> int:
   flags = (f"--config.data.mixture={mixture}", f"--config.data.seq_len={max_len}",
            f"--config.data.vocab_size={size['vocab']}",
            f"--config.data.batch_size={size['batch']}",
-           f"--config.train.steps={size['steps']}",
-           f"--config.optim.warmup_steps={max(size['steps'] // 10, 1)}",
-           f"--config.train.eval_every={max(size['steps'] // 4, 1)}",
-           f"--config.train.log_every={max(size['steps'] // 20, 1)}",
-           "--config.train.eval_batches=2", "--config.model.num_heads=2")
+           "--config.model.num_heads=2", *su.schedule_flags(size["steps"], 2))
   rows = su.train_grid("configs/mqar.py:size=small", points, su.runs_dir(args, "mqar"),
                        args.workers, flags)
 
@@ -134,17 +130,11 @@ def main() -> int:
          "elapsed_s": time.time() - t0,
          "training_examples": size["batch"] * size["steps"],
          "environment": su.environment(shared_machine=None), "table": table, "runs": rows}
-  su.write_json(os.path.join(args.out, "mqar.json"), out)
   lens = [t for t, _ in size["settings"]]
   cols = ([("mixer", "mixer", "{}"), ("d_model", "d", "{}"), ("best_lr", "lr", "{:g}")]
           + [(f"acc_{t}", f"acc@{t}", "{:.3f}") for t in lens]
           + [("mean_accuracy", "mean", "{:.3f}"), (f"state_{max_len}", f"state@{max_len}", "{}")])
-  su.write_csv(os.path.join(args.out, "mqar.csv"), table, [c[0] for c in cols])
-  print(su.format_table(table, cols))
-  failed = su.failed_points(rows)
-  if failed:
-    print("failed runs:\n" + "\n".join(failed), file=sys.stderr)
-  return 1 if failed else 0
+  return su.finish(args.out, "mqar", out, table, cols, rows)
 
 
 if __name__ == "__main__":

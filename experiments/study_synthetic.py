@@ -53,12 +53,9 @@ SMOKE = dict(
 
 
 def _flags(size: dict, task: dict) -> tuple[str, ...]:
-  steps = task["steps"]
   return (f"--config.data.seq_len={task['seq_len']}", f"--config.data.batch_size={task['batch']}",
           f"--config.model.d_model={size['d_model']}", f"--config.optim.lr={size['lr']}",
-          f"--config.train.steps={steps}", f"--config.optim.warmup_steps={max(steps // 10, 1)}",
-          f"--config.train.eval_every={max(steps // 4, 1)}",
-          f"--config.train.log_every={max(steps // 20, 1)}", "--config.train.eval_batches=4")
+          *su.schedule_flags(task["steps"], 4))
 
 
 def main() -> int:
@@ -106,16 +103,10 @@ def main() -> int:
          "elapsed_s": time.time() - t0,
          "environment": su.environment(shared_machine=None), "table": table,
          "selective_copying": copy_rows, "induction_heads": ind_rows}
-  su.write_json(os.path.join(args.out, "synthetic.json"), out)
   cols = ([("mixer", "mixer", "{}"), ("num_params", "params", "{:,}"),
            ("copying_accuracy", "sel.copy", "{:.3f}")]
           + [(f"induction_{t}", f"ind@{t}", "{:.2f}") for t in size["test_lengths"]])
-  su.write_csv(os.path.join(args.out, "synthetic.csv"), table, [c[0] for c in cols])
-  print(su.format_table(table, cols))
-  failed = su.failed_points(copy_rows + ind_rows)
-  if failed:
-    print("failed runs:\n" + "\n".join(failed), file=sys.stderr)
-  return 1 if failed else 0
+  return su.finish(args.out, "synthetic", out, table, cols, copy_rows + ind_rows)
 
 
 if __name__ == "__main__":

@@ -121,10 +121,12 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
     rec.update(status="done", metrics=metrics)
   else:
     with open(os.path.join(workdir, "log.txt"), "rb") as f:
-      tail = f.read().decode(errors="replace").strip().splitlines()[-15:]
-    errors = [ln for ln in tail if ln.startswith("error:") or "Error" in ln]
+      tail = f.read().decode(errors="replace").strip().splitlines()[-200:]
+    # A Python error names itself last; a crash ("Fatal Python error: Segmentation fault")
+    # comes before its stack dump.
+    errors = [ln for ln in tail if ln.startswith(("error:", "Fatal Python error")) or "Error" in ln]
     rec.update(status="failed", error=(errors[-1] if errors else "\n".join(tail[-5:])),
-               log_tail="\n".join(tail))
+               log_tail="\n".join(tail[-15:]))
   _write_json(status_path, rec)
   return {**rec, "skipped": False}
 

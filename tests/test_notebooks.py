@@ -10,8 +10,9 @@ The kernel is ``python3``: jupyter_client starts a spec whose command is
 spec itself when ipykernel is importable, so the venv running pytest is the
 one the notebooks run in.
 
-To add a study (e.g. the trainer studies of issue 9), append a :class:`Study`
-to ``STUDIES``; the index notebook must link its notebook.
+To add a study, append a :class:`Study` to ``STUDIES``; the index notebook
+must link its notebook. Training studies get a fresh ``--runs`` folder too, so
+that no finished run of an earlier session is reused.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ pytest.importorskip("matplotlib")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
-STUDY_TIMEOUT_S = 240
+STUDY_TIMEOUT_S = 600  # all studies at once on 2 cores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +42,19 @@ class Study:
   command: tuple[str, ...]  # run from the repo root with this interpreter; gets --out
   notebook: str  # under notebooks/
   result_file: str  # what the study must write in its subfolder
+  trains: bool = False  # takes --runs (its training runs' folder)
 
 
 STUDIES = [
     Study("cost", ("experiments/study_cost.py", "--smoke"), "cost.ipynb", "cost.json"),
     Study("approximation", ("experiments/study_approximation.py", "--smoke"),
           "approximation.ipynb", "approximation.json"),
+    Study("mqar", ("experiments/study_mqar.py", "--smoke"), "mqar.ipynb", "mqar.json", True),
+    Study("synthetic", ("experiments/study_synthetic.py", "--smoke"), "synthetic.ipynb",
+          "synthetic.json", True),
+    Study("lm", ("experiments/study_lm.py", "--smoke"), "lm.ipynb", "lm.json", True),
+    Study("listops", ("experiments/study_listops.py", "--smoke"), "listops.ipynb",
+          "listops.json", True),
 ]
 
 
@@ -57,8 +65,9 @@ def smoke_results(tmp_path_factory):
   procs = {}
   for s in STUDIES:
     log = open(root / f"{s.name}.log", "w")
+    runs = ("--runs", str(root / f"{s.name}-runs")) if s.trains else ()
     procs[s.name] = (subprocess.Popen(
-        [sys.executable, *s.command, "--out", str(root / s.name)], cwd=REPO,
+        [sys.executable, *s.command, "--out", str(root / s.name), *runs], cwd=REPO,
         stdout=log, stderr=subprocess.STDOUT), log)
   failed = []
   for name, (proc, log) in procs.items():
