@@ -187,7 +187,20 @@ def study_args(description: str, name: str):
                       "runs there are reused")
   p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                  help="concurrent training processes")
+  p.add_argument("--steps-scale", type=float, default=1.0,
+                 help="multiply every run's training steps (more compute: closer to the papers)")
   return p
+
+
+def scaled_steps(steps: int, args) -> int:
+  """``steps`` times ``--steps-scale`` (at least 1).
+
+  Raises:
+    ValueError: a non-positive ``--steps-scale``.
+  """
+  if not args.steps_scale > 0:
+    raise ValueError(f"--steps-scale must be > 0, got {args.steps_scale}.")
+  return max(1, round(steps * args.steps_scale))
 
 
 def runs_dir(args, name: str) -> str:

@@ -52,7 +52,8 @@ def majority_rate(config_data: dict, num_batches: int) -> float:
 def main() -> int:
   t0 = time.time()
   args = su.study_args(__doc__, "listops").parse_args()
-  size = SMOKE if args.smoke else FULL
+  size = dict(SMOKE if args.smoke else FULL)
+  size["steps"] = su.scaled_steps(size["steps"], args)
   data_fields = ("seq_len", "max_depth", "max_args", "min_length", "max_length")
   flags = tuple(f"--config.data.{k}={size[k]}" for k in data_fields) + (
       f"--config.data.batch_size={size['batch']}", f"--config.model.d_model={size['d_model']}",

@@ -44,7 +44,8 @@ VOCAB = 256  # bytes
 def main() -> int:
   t0 = time.time()
   args = su.study_args(__doc__, "lm").parse_args()
-  size = SMOKE if args.smoke else FULL
+  size = dict(SMOKE if args.smoke else FULL)
+  size["steps"] = su.scaled_steps(size["steps"], args)
   from linear_attention import models, nn
 
   size = dict(size, mixers=tuple(size["mixers"] or nn.CAUSAL_MIXERS))

@@ -43,7 +43,7 @@ MIXERS = ("softmax", "linear", "retnet", "gla", "mamba", "mamba2", "deltanet", "
 
 # What was run for the committed results: one width and learning rate per mixer, 32k
 # training examples. Zoology's grid is ``--widths 64,128,256 --lrs 1e-3,3e-3`` (and far more
-# examples: ``--steps``); each added width or rate is another 9 runs.
+# examples: ``--steps-scale``); each added width or rate is another 9 runs.
 FULL = dict(mixers=MIXERS, widths=(64,), lrs=(3e-3,),
             settings=((64, 4), (128, 8), (256, 16)), vocab=8192, batch=16, steps=2000,
             eval_batches=8, eval_batch_size=64)
@@ -76,15 +76,13 @@ def main() -> int:
   p = su.study_args(__doc__, "mqar")
   p.add_argument("--widths", help="comma-separated model widths (default: the size's)")
   p.add_argument("--lrs", help="comma-separated learning rates (default: the size's)")
-  p.add_argument("--steps", type=int, help="training steps (default: the size's)")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.widths:
     size["widths"] = tuple(int(w) for w in args.widths.split(","))
   if args.lrs:
     size["lrs"] = tuple(float(x) for x in args.lrs.split(","))
-  if args.steps:
-    size["steps"] = args.steps
+  size["steps"] = su.scaled_steps(size["steps"], args)
   mixture = ",".join(f"{t}:{n}" for t, n in size["settings"])
   max_len = max(t for t, _ in size["settings"])
   points = [{"model.mixer": m, "model.d_model": d, "optim.lr": lr}

@@ -61,7 +61,9 @@ def _flags(size: dict, task: dict) -> tuple[str, ...]:
 def main() -> int:
   t0 = time.time()
   args = su.study_args(__doc__, "synthetic").parse_args()
-  size = SMOKE if args.smoke else FULL
+  size = dict(SMOKE if args.smoke else FULL)
+  for task in ("copying", "induction"):
+    size[task] = dict(size[task], steps=su.scaled_steps(size[task]["steps"], args))
   root = su.runs_dir(args, "synthetic")
   points = [{"model.mixer": m} for m in size["mixers"]]
   cp = size["copying"]
