@@ -11,7 +11,7 @@ depth, learning rate and steps for every mixer. Causal mixers run causally
 (the classifier then reads the whole sequence through mean pooling);
 ``longformer``, ``bigbird`` and ``linformer`` are the encoder mixers.
 
-    python experiments/study_listops.py           # full size (about 30 minutes on 2 cores)
+    python experiments/study_listops.py           # full size (about 20 minutes on 2 cores)
     python experiments/study_listops.py --smoke   # tiny, for CI
 
 Writes ``<out>/listops.json`` (runs with curves, the table, the majority-class
@@ -31,8 +31,8 @@ import _study_utils as su  # noqa: E402
 MIXERS = ("softmax", "linear", "performer", "gla", "mamba2", "gated_deltanet", "hawk",
           "longformer", "bigbird", "linformer")
 
-FULL = dict(mixers=MIXERS, d_model=64, num_layers=2, num_heads=2, seq_len=256, batch=32,
-            max_depth=6, max_args=5, min_length=32, max_length=256, steps=500, lr=3e-3,
+FULL = dict(mixers=MIXERS, d_model=64, num_layers=2, num_heads=2, seq_len=128, batch=32,
+            max_depth=5, max_args=5, min_length=32, max_length=128, steps=400, lr=3e-3,
             test_batches=16)
 SMOKE = dict(mixers=("softmax", "linformer"), d_model=32, num_layers=1, num_heads=2, seq_len=64,
              batch=8, max_depth=3, max_args=3, min_length=8, max_length=64, steps=10, lr=3e-3,
