@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from linear_attention.train import metrics as metrics_lib
+
 STATUS_FILE = "sweep_status.json"
 
 
@@ -93,13 +95,6 @@ def _read_json(path: str) -> dict | None:
     return None
 
 
-def _write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=str)
-  os.replace(tmp, path)
-
-
 def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
               extra_flags: Sequence[str] = (), env: Mapping[str, str] | None = None) -> dict:
   """Runs one point to completion (or skips it when already done); returns its status record."""
@@ -127,13 +122,13 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
     errors = [ln for ln in tail if ln.startswith(("error:", "Fatal Python error")) or "Error" in ln]
     rec.update(status="failed", error=(errors[-1] if errors else "\n".join(tail[-5:])),
                log_tail="\n".join(tail[-15:]))
-  _write_json(status_path, rec)
+  metrics_lib.write_json(status_path, rec)
   return {**rec, "skipped": False}
 
 
 def write_summary(workdir: str, rows: list[dict]) -> None:
   """``summary.json`` (full records) and ``summary.csv`` (one row per point) in ``workdir``."""
-  _write_json(os.path.join(workdir, "summary.json"), rows)
+  metrics_lib.write_json(os.path.join(workdir, "summary.json"), rows)
   okeys = sorted({k for r in rows for k in r["overrides"]})
   mkeys = sorted({k for r in rows for k in (r.get("metrics") or {})})
   with open(os.path.join(workdir, "summary.csv"), "w", newline="") as f:
@@ -164,7 +159,7 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
     raise ValueError("the sweep has no points.")
   os.makedirs(workdir, exist_ok=True)
   names = [point_name(i, p) for i, p in enumerate(points)]
-  _write_json(os.path.join(workdir, "sweep.json"),
+  metrics_lib.write_json(os.path.join(workdir, "sweep.json"),
               {"config": config_arg, "extra_flags": list(extra_flags),
                "points": [{"point": n, "overrides": p} for n, p in zip(names, points)]})
   rows: list[dict | None] = [None] * len(points)

@@ -26,6 +26,15 @@ def _clean(v: Any) -> Any:
   return v
 
 
+def write_json(path: str, obj: Any) -> None:
+  """Writes ``obj`` as JSON to ``path`` atomically (a temporary file, then a rename), so a
+  reader never sees half a file."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)
+
+
 def read_metrics(workdir: str, split: str | None = None) -> list[dict]:
   """All records of ``workdir/metrics.jsonl`` (optionally of one ``split``), in order."""
   path = os.path.join(workdir, METRICS_FILE)

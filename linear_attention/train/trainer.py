@@ -176,13 +176,6 @@ def prepare_workdir(workdir: str) -> str:
   return path
 
 
-def _write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=str)
-  os.replace(tmp, path)
-
-
 class _SigtermFlag:
   """Turns SIGTERM into a flag checked between steps (main thread only)."""
 
@@ -255,7 +248,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
   workdir = prepare_workdir(workdir)  # only now, after everything above validated
   lead = jax.process_index() == 0
   if lead:
-    _write_json(os.path.join(workdir, CONFIG_FILE), json.loads(config.to_json_best_effort()))
+    metrics_lib.write_json(os.path.join(workdir, CONFIG_FILE),
+                           json.loads(config.to_json_best_effort()))
 
   graphdef, state = nnx.split((model, opt))
   state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
@@ -374,7 +368,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
     final.update(train_loss=last_train["loss"], train_accuracy=last_train["accuracy"])
   final.update({f"validation_{k}": v for k, v in val.items()})
   if lead:
-    _write_json(os.path.join(workdir, FINAL_METRICS_FILE), final)
+    metrics_lib.write_json(os.path.join(workdir, FINAL_METRICS_FILE), final)
   if verbose and lead:
     line = f"final validation loss {val['loss']:.4f}  accuracy {val['accuracy']:.4f}"
     if is_text:
