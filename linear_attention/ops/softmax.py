@@ -442,10 +442,14 @@ def check_implementation(implementation: str | None) -> None:
 
 
 def resolve_implementation(implementation: str | None, q: Array, k: Array, v: Array) -> str:
-  """``None`` -> ``"pallas"`` when the kernel runs natively for these inputs, else ``"xla"``."""
+  """``None`` -> ``"pallas"`` when the kernel runs natively for these inputs on a
+  backend where it has been verified (``PALLAS_DEFAULT_BACKENDS``), else ``"xla"``."""
   if implementation is not None:
     return implementation
-  return "pallas" if _kernel().supported(q, k, v) else "xla"
+  from linear_attention.kernels.chunk_decay import PALLAS_DEFAULT_BACKENDS
+  fa = _kernel()
+  native = fa.supported(q, k, v) and fa.default_backend() in PALLAS_DEFAULT_BACKENDS
+  return "pallas" if native else "xla"
 
 
 def pallas_attention(q: Array, k: Array, v: Array, *, causal: bool, scale: float,

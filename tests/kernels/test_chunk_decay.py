@@ -113,3 +113,19 @@ def test_dispatch_and_unsupported_arguments():
   # "pallas" through a gated op reaches the kernel (interpret mode on CPU).
   o = ops.gla(q, k, v, g, implementation="pallas")
   assert_close(o, ops.gla(q, k, v, g, form="recurrent"), 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_default_is_xla_until_a_kernel_is_verified(monkeypatch, backend):
+  """implementation=None never picks an unverified kernel, whatever the backend."""
+  from linear_attention.ops import softmax as sm
+  fa = sm._kernel()
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  assert cd.PALLAS_DEFAULT_BACKENDS == ()
+  assert cd.resolve_implementation(None, {}) is False
+  monkeypatch.setattr(fa, "supported", lambda *a, **kw: True)
+  x = jnp.zeros((1, 4, 1, 8), jnp.float32)
+  assert sm.resolve_implementation(None, x, x, x) == "xla"
+  monkeypatch.setattr(cd, "PALLAS_DEFAULT_BACKENDS", ("gpu", "tpu"))
+  expected = backend != "cpu"
+  assert cd.resolve_implementation(None, {}) is expected
