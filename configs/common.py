@@ -8,11 +8,15 @@ Fields:
   data.*    passed to ``linear_attention.data.make_dataset`` (task-specific fields).
   model.*   mixer or pattern (names from ``linear_attention.nn.MIXERS`` / ``PATTERN_LETTERS``),
             d_model, num_layers, num_heads, mlp_ratio, tie_embeddings, mixer_kwargs
-            ({mixer name: {kwarg: value}}), pooling (classifiers), dtype (compute dtype).
-  optim.*   lr (peak), warmup_steps, final_lr_ratio (cosine end / peak), weight_decay,
+            ({mixer name: {kwarg: value}}), pooling (classifiers), dtype (compute dtype),
+            short_conv (width of a causal convolution before every mixer; 0 = none).
+  optim.*   lr (peak), warmup_steps, schedule (cosine, linear or constant after the
+            warmup), final_lr_ratio (cosine/linear end / peak), weight_decay,
             b1, b2, eps, clip_norm (global norm; <= 0 disables).
   train.*   steps, eval_every, eval_batches (0: the dataset's default), log_every, seed
-            (parameter init), checkpoint_every, keep_checkpoints, async_checkpoints.
+            (parameter init), checkpoint_every, keep_checkpoints, async_checkpoints,
+            early_stop_metric ("" off, "accuracy" or "loss") and early_stop_value (stop at
+            the first evaluation with accuracy >= / loss <= it).
   mesh.*    data (devices on the data axis, -1 = all), fsdp (shard params and optimizer
             state over that axis instead of replicating them).
 """
@@ -81,13 +85,14 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       mixer="gla", pattern="", d_model=128, num_layers=2, num_heads=4, mlp_ratio=8 / 3,
       tie_embeddings=True, mixer_kwargs=ml_collections.ConfigDict(), pooling="mean",
-      dtype="float32"))
+      dtype="float32", short_conv=0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, warmup_steps=100, final_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.95,
-      eps=1e-8, clip_norm=1.0))
+      eps=1e-8, clip_norm=1.0, schedule="cosine"))
   c.train = ml_collections.ConfigDict(dict(
       steps=1000, eval_every=250, eval_batches=0, log_every=50, seed=0,
-      checkpoint_every=250, keep_checkpoints=2, async_checkpoints=True))
+      checkpoint_every=250, keep_checkpoints=2, async_checkpoints=True,
+      early_stop_metric="", early_stop_value=0.0))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=False))
   return c
 

@@ -35,7 +35,7 @@ _TASKS: dict[str, tuple[str, dict[str, Any]]] = {
         "batch_size": 32, "seq_len": 4096, "vocab_size": 16, "num_tokens": 16,
     }),
     "induction_heads": ("synthetic:InductionHeads", {
-        "batch_size": 8, "seq_len": 256, "vocab_size": 16,
+        "batch_size": 8, "seq_len": 256, "vocab_size": 16, "dense": False,
     }),
     "listops": ("listops:ListOps", {
         "batch_size": 32, "seq_len": 2000, "max_depth": 10, "max_args": 10,

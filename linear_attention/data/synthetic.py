@@ -181,6 +181,17 @@ class InductionHeads(SyntheticDataset):
   ``T - 1``. The only target is there: the token that followed the first
   trigger (mask 1 at ``T - 1`` only). The trigger occurs exactly twice.
   (The Mamba paper trains at ``T = 256`` with ``V = 16``.)
+
+  ``dense=True`` is a training variant with many scored tokens per row (the
+  one-trigger task gives one label per sequence, too sparse for a small
+  budget): a span of ``m`` random ordinary tokens, ``m`` uniform in
+  ``[T/16, T/4]``, starts at a uniform position ``a`` and is repeated at a
+  uniform ``b >= a + m``; the trigger sits at one random place inside the span
+  (so it is met again in the repeat, as in the test task). Every token of the
+  repeat but its last is scored on the next token, which equals the token
+  after its first occurrence. ``a``, ``b`` and ``m`` vary per row, so no
+  fixed position or offset predicts the answers: only looking back at what
+  followed the current token does.
   """
 
   kind = "lm"
@@ -193,9 +204,15 @@ class InductionHeads(SyntheticDataset):
     _require(t >= 3, "seq_len", ">= 3 (trigger, target, trigger)", t)
     self.vocab_size = v
     self.trigger_token = v - 1
-    self.max_targets_per_row = 1
+    self.dense = bool(c.get("dense", False))
+    self.span = (max(2, t // 16), max(2, t // 4))
+    if self.dense:
+      _require(t >= 8, "seq_len", ">= 8 with dense=True (a span of 2 and its repeat)", t)
+    self.max_targets_per_row = self.span[1] - 1 if self.dense else 1
 
   def _generate(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    if self.dense:
+      return self._generate_dense(rng)
     b, t, v = self.batch_size, self.seq_len, self.vocab_size
     inputs = rng.integers(0, v - 1, size=(b, t), dtype=np.int64)
     p = rng.integers(0, t - 2, size=(b, 1))
@@ -207,4 +224,19 @@ class InductionHeads(SyntheticDataset):
     targets[:, t - 1] = answer[:, 0]
     mask = np.zeros((b, t), np.float32)
     mask[:, t - 1] = 1.0
+    return lm_batch(inputs, targets, mask)
+
+  def _generate_dense(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    b, t, v = self.batch_size, self.seq_len, self.vocab_size
+    inputs = rng.integers(0, v - 1, size=(b, t), dtype=np.int64)
+    targets = np.zeros((b, t), np.int64)
+    mask = np.zeros((b, t), np.float32)
+    for r in range(b):  # a handful of rows; the per-row draws read more clearly than masks
+      m = int(rng.integers(self.span[0], self.span[1] + 1))
+      first = int(rng.integers(0, t - 2 * m + 1))
+      second = int(rng.integers(first + m, t - m + 1))
+      inputs[r, first + int(rng.integers(0, m - 1))] = self.trigger_token
+      inputs[r, second:second + m] = inputs[r, first:first + m]
+      targets[r, second:second + m - 1] = inputs[r, second + 1:second + m]
+      mask[r, second:second + m - 1] = 1.0
     return lm_batch(inputs, targets, mask)

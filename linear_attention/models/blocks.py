@@ -48,15 +48,26 @@ class Block(nnx.Module):
     num_heads: heads of the mixer.
     mlp_ratio: MLP hidden width over ``D``; 0 drops the MLP (Mamba-style stacks).
     mixer_kwargs: extra keyword arguments of the mixer.
+    short_conv: width of a depthwise causal convolution applied to the mixer's
+      (normalised) input, 0 for none. It gives every mixer a previous-token
+      path, as Zoology's MQAR recipes (a short convolution before each mixer)
+      and flash-linear-attention's ``use_short_conv`` do. Its window is
+      carried in the decode cache, so decoding still equals the forward pass.
   """
 
   def __init__(self, d_model: int, mixer: str, num_heads: int, *, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Any] | None = None, norm_eps: float = 1e-6,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    if short_conv < 0 or short_conv == 1:
+      raise ValueError(f"short_conv must be 0 (none) or a width >= 2, got {short_conv}.")
     self.mixer_name = mixer
     norm = lambda: nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype, param_dtype=param_dtype,
                                rngs=rngs)
     self.mixer_norm = norm()
+    # No activation: a linear mix of the last few tokens, which the mixer's own
+    # projections then read (keys from the previous token, values from this one).
+    self.pre_conv = base.ShortConv(d_model, short_conv, activation=None, rngs=rngs,
+                                   param_dtype=param_dtype) if short_conv else None
     self.mixer = registry.make_mixer(mixer, d_model, num_heads, rngs=rngs, dtype=dtype,
                                      param_dtype=param_dtype, **dict(mixer_kwargs or {}))
     hidden = mlp_hidden(d_model, mlp_ratio)
@@ -69,14 +80,25 @@ class Block(nnx.Module):
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
-    x = x + self.mixer(self.mixer_norm(x), segment_ids=segment_ids)
+    h = self.mixer_norm(x)
+    if self.pre_conv is not None:
+      h = self.pre_conv(h, segment_ids=segment_ids)
+    x = x + self.mixer(h, segment_ids=segment_ids)
     return self._mlp(x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32):
-    """The mixer's cache."""
-    return self.mixer.init_cache(batch, max_len, dtype)
+    """The mixer's cache (with ``short_conv``: ``{"mixer": ..., "conv": [B, W-1, D]}``)."""
+    cache = self.mixer.init_cache(batch, max_len, dtype)
+    if self.pre_conv is None:
+      return cache
+    return {"mixer": cache, "conv": self.pre_conv.init_state(batch)}
 
   def decode_step(self, x: Array, cache) -> tuple[Array, Any]:
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
-    y, cache = self.mixer.decode_step(self.mixer_norm(x), cache)
-    return self._mlp(x + y), cache
+    h = self.mixer_norm(x)
+    if self.pre_conv is None:
+      y, cache = self.mixer.decode_step(h, cache)
+      return self._mlp(x + y), cache
+    h, conv = self.pre_conv.step(h, cache["conv"])
+    y, mixer_cache = self.mixer.decode_step(h, cache["mixer"])
+    return self._mlp(x + y), {"mixer": mixer_cache, "conv": conv}

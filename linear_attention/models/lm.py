@@ -63,7 +63,9 @@ class Backbone(nnx.Module):
   """Token embedding, a stack of :class:`Block`, final RMSNorm: tokens -> hidden ``[B, T, D]``.
 
   ``mixer_kwargs`` maps a mixer name to the keyword arguments of every block
-  using that mixer (e.g. ``{"local": {"window": 128}}``).
+  using that mixer (e.g. ``{"local": {"window": 128}}``). ``short_conv`` (a width,
+  0 for none) puts a depthwise causal convolution before every mixer (see
+  :class:`~linear_attention.models.blocks.Block`).
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -71,7 +73,7 @@ class Backbone(nnx.Module):
                num_heads: int = 4, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     names = resolve_pattern(num_layers, mixer, pattern, pattern_letters)
     mixer_kwargs = dict(mixer_kwargs or {})
     unknown = sorted(set(mixer_kwargs) - set(registry.MIXERS))
@@ -84,7 +86,8 @@ class Backbone(nnx.Module):
     self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.blocks = nnx.List([
         Block(d_model, name, num_heads, mlp_ratio=mlp_ratio,
-              mixer_kwargs=mixer_kwargs.get(name), norm_eps=norm_eps, rngs=rngs, dtype=dtype,
+              mixer_kwargs=mixer_kwargs.get(name), norm_eps=norm_eps, short_conv=short_conv,
+              rngs=rngs, dtype=dtype,
               param_dtype=param_dtype) for name in names])
     self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
                                   param_dtype=param_dtype, rngs=rngs)
@@ -123,7 +126,8 @@ class LanguageModel(nnx.Module):
     num_layers: blocks (``None`` with a pattern: ``len(pattern)``).
     mixer: registry name of every block, or
     pattern: hybrid letters such as ``"RRA"`` (see :func:`resolve_pattern`).
-    num_heads, mlp_ratio, mixer_kwargs, pattern_letters: see :class:`Backbone`.
+    num_heads, mlp_ratio, mixer_kwargs, pattern_letters, short_conv: see
+      :class:`Backbone` and :class:`~linear_attention.models.blocks.Block`.
     tie_embeddings: reuse the embedding matrix as the output head.
 
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
@@ -136,10 +140,12 @@ class LanguageModel(nnx.Module):
                num_heads: int = 4, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
-               norm_eps: float = 1e-6, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               norm_eps: float = 1e-6, short_conv: int = 0, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
-                             pattern_letters=pattern_letters, norm_eps=norm_eps, rngs=rngs,
+                             pattern_letters=pattern_letters, norm_eps=norm_eps,
+                             short_conv=short_conv, rngs=rngs,
                              dtype=dtype, param_dtype=param_dtype)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:
@@ -205,13 +211,14 @@ class SequenceClassifier(nnx.Module):
                num_heads: int = 4, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     if pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}.")
     self.pooling = pooling
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
-                             pattern_letters=pattern_letters, norm_eps=norm_eps, rngs=rngs,
+                             pattern_letters=pattern_letters, norm_eps=norm_eps,
+                             short_conv=short_conv, rngs=rngs,
                              dtype=dtype, param_dtype=param_dtype)
     self.cls = (nnx.Param(0.02 * jax.random.normal(rngs.params(), (d_model,)).astype(param_dtype))
                 if pooling == "cls" else None)

@@ -82,23 +82,27 @@ def matched_mlp_ratio(vocab_size: int, d_model: int, num_layers: int | None = No
 
 def parity_table(vocab_size: int, d_model: int, num_layers: int, *, num_heads: int = 4,
                  mixers: Sequence[str] = registry.CAUSAL_MIXERS,
-                 reference: str = "softmax") -> list[dict[str, Any]]:
+                 reference: str = "softmax", short_conv: int = 0) -> list[dict[str, Any]]:
   """One row per mixer: its parameters at the default MLP, the matched MLP and the gap.
+
+  ``short_conv`` (a width) adds the same convolution before every mixer of every
+  model, the reference included, so the matched MLP ratios do not change with it.
 
   Each row: ``mixer``, ``mixer_params`` (one layer), ``default_params``,
   ``mlp_ratio``, ``mlp_hidden``, ``params``, ``rel_diff`` (to the reference).
   """
-  ref = lm_param_count(vocab_size, d_model, num_layers, mixer=reference, num_heads=num_heads)
+  ref = lm_param_count(vocab_size, d_model, num_layers, mixer=reference, num_heads=num_heads,
+                       short_conv=short_conv)
   rows = []
   for name in mixers:
     ratio = matched_mlp_ratio(vocab_size, d_model, num_layers, mixer=name, num_heads=num_heads,
                               reference=reference)
     params = lm_param_count(vocab_size, d_model, num_layers, mixer=name, num_heads=num_heads,
-                            mlp_ratio=ratio)
+                            mlp_ratio=ratio, short_conv=short_conv)
     rows.append(dict(
         mixer=name, mixer_params=mixer_param_count(name, d_model, num_heads),
         default_params=lm_param_count(vocab_size, d_model, num_layers, mixer=name,
-                                      num_heads=num_heads),
+                                      num_heads=num_heads, short_conv=short_conv),
         mlp_ratio=ratio, mlp_hidden=mlp_hidden(d_model, ratio), params=params,
         rel_diff=(params - ref) / ref))
   return rows

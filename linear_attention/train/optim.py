@@ -1,4 +1,5 @@
-"""Optimiser: AdamW with linear warmup and cosine decay, global-norm clipping, decay mask."""
+"""Optimiser: AdamW with linear warmup then a cosine, linear or constant schedule,
+global-norm clipping, decay mask."""
 
 from __future__ import annotations
 
@@ -18,16 +19,33 @@ NO_DECAY_NAMES = frozenset({
 })
 
 
-def lr_schedule(cfg: Mapping[str, Any], total_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to ``cfg.lr`` over ``cfg.warmup_steps``, then cosine decay.
+SCHEDULES = ("cosine", "linear", "constant")
 
-  The cosine reaches ``cfg.lr * cfg.final_lr_ratio`` at ``total_steps``.
+
+def lr_schedule(cfg: Mapping[str, Any], total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to ``cfg.lr`` over ``cfg.warmup_steps``, then ``cfg.schedule``.
+
+  ``"cosine"`` (the default when the field is absent) and ``"linear"`` reach
+  ``cfg.lr * cfg.final_lr_ratio`` at ``total_steps``; ``"constant"`` stays at
+  ``cfg.lr`` (MQAR's phase transition needs the rate still high when the
+  previous-token head forms, which a cosine over a short run is not).
+
+  Raises:
+    ValueError: an unknown ``cfg.schedule``.
   """
+  kind = cfg.get("schedule", "cosine")
+  if kind not in SCHEDULES:
+    raise ValueError(f"config.optim.schedule must be one of {list(SCHEDULES)}, got {kind!r}.")
   warmup = int(min(cfg["warmup_steps"], max(total_steps - 1, 0)))
   decay_steps = max(total_steps - warmup, 1)
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg["lr"], warmup_steps=warmup,
-      decay_steps=warmup + decay_steps, end_value=cfg["lr"] * cfg["final_lr_ratio"])
+  peak, end = cfg["lr"], cfg["lr"] * cfg["final_lr_ratio"]
+  if kind == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=warmup + decay_steps,
+        end_value=end)
+  after = (optax.constant_schedule(peak) if kind == "constant"
+           else optax.linear_schedule(peak, end, decay_steps))
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
 
 
 def _name(path) -> str:

@@ -68,6 +68,7 @@ def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
   pattern = mcfg["pattern"] or None
   common = dict(mixer=None if pattern else mcfg["mixer"], pattern=pattern,
                 num_heads=mcfg["num_heads"], mlp_ratio=mcfg["mlp_ratio"], mixer_kwargs=mk,
+                short_conv=int(mcfg.get("short_conv", 0)),
                 rngs=nnx.Rngs(params=seed), dtype=DTYPES[mcfg["dtype"]])
   num_layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
   if kind == "lm":
@@ -154,6 +155,14 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   for f in ("log_every", "eval_every", "checkpoint_every"):
     if t[f] < 0:
       raise ValueError(f"config.train.{f} must be >= 0 (0 = never), got {t[f]}.")
+  metric = t.get("early_stop_metric", "")
+  if metric not in EARLY_STOP_METRICS:
+    raise ValueError(f"config.train.early_stop_metric must be one of {list(EARLY_STOP_METRICS)}, "
+                     f"got {metric!r}.")
+  if metric and not t.eval_every:
+    raise ValueError("config.train.early_stop_metric needs config.train.eval_every > 0 (the "
+                     "stop is checked at each evaluation), got 0.")
+  optim.lr_schedule(config.optim, max(int(t.steps), 1))  # an unknown schedule fails here
 
 
 def prepare_workdir(workdir: str) -> str:
@@ -210,6 +219,22 @@ def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "va
 # ----------------------------------------------------------------------------- main loop
 
 
+EARLY_STOP_METRICS = ("", "accuracy", "loss")
+
+
+def early_stop_reached(tcfg: Mapping[str, Any], res: Mapping[str, float]) -> bool:
+  """Whether validation results ``res`` meet ``train.early_stop_metric``/``early_stop_value``.
+
+  ``"accuracy"`` stops at or above the value (Zoology stops MQAR at 0.99), ``"loss"`` at or
+  below it; ``""`` (the default, also when the field is absent) never stops.
+  """
+  metric = tcfg.get("early_stop_metric", "")
+  if not metric:
+    return False
+  value = float(tcfg["early_stop_value"])
+  return res[metric] >= value if metric == "accuracy" else res[metric] <= value
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, dataset=None,
                        verbose: bool = True) -> dict:
   """Trains and evaluates the model of ``config``, resuming from ``workdir`` if possible.
@@ -263,10 +288,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
                                tcfg.async_checkpoints)
   start = ckpt.latest_step() or 0
   done_before = load_final_metrics(workdir) if lead else None
-  if start >= total and done_before is not None and done_before.get("step") == total:
+  finished = done_before is not None and (
+      (start >= total and done_before.get("step") == total)
+      or (done_before.get("stopped_early") and done_before.get("step") == start))
+  if finished:
     ckpt.close()
     if verbose and lead:
-      print(f"{workdir} already finished at step {total}; final metrics: {done_before}", flush=True)
+      print(f"{workdir} already finished at step {done_before['step']}; final metrics: "
+            f"{done_before}", flush=True)
     return done_before
   if start:
     state = ckpt.restore(start, state)
@@ -290,6 +319,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
     progress.message(f"step {step}: validation " + "  ".join(f"{k} {v:.4f}" for k, v in res.items()))
     return res
 
+  stopped_at, last_eval = None, None
   pending: list[tuple[int, dict]] = []
   window = {"loss": [], "accuracy": []}
   last_train: dict[str, float] = {}
@@ -341,27 +371,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
           t_window, steps_window = time.time(), 0
         if eval_now:
           t_eval = time.time()
-          run_eval(done)
+          last_eval = run_eval(done)
           t_window += time.time() - t_eval  # evaluation time is not training throughput
+          if early_stop_reached(tcfg, last_eval):
+            stopped_at = done
+            progress.message(f"step {done}: validation {tcfg.early_stop_metric} reached "
+                             f"{tcfg.early_stop_value}; stopping early")
+            save_now = True
         if save_now:
-          ckpt.save(done, state, force=done == total or preempt)
+          ckpt.save(done, state, force=done == total or preempt or stopped_at is not None)
         if preempt:
           ckpt.wait_until_finished()
           raise PreemptedError(f"SIGTERM at step {done}; checkpoint saved in {ckpt.directory}. "
                                "Rerun the same command to resume.")
+        if stopped_at is not None:
+          break
       if pending:
         drain()
-    if start >= total and total > 0 and ckpt.latest_step() != total:
+    if stopped_at is None and start >= total and total > 0 and ckpt.latest_step() != total:
       ckpt.save(total, state, force=True)
     ckpt.wait_until_finished()
-    val = run_eval(total)
+    val = last_eval if stopped_at is not None else run_eval(total)
   finally:
     progress.close()
     writer.flush()
     writer.close()
     ckpt.close()
 
-  final = {"step": total, "num_params": num_params, "elapsed": time.time() - t_start}
+  final = {"step": total if stopped_at is None else stopped_at, "num_params": num_params,
+           "elapsed": time.time() - t_start, "stopped_early": stopped_at is not None}
   if not last_train:  # resumed after the last step: the last logged training window
     last_train = (metrics_lib.read_metrics(workdir, "train") or [{}])[-1]
   if "loss" in last_train:

@@ -14,6 +14,8 @@ SMALL = {
                               batch_size=16, seed=3),
     "induction_heads": dict(task="induction_heads", vocab_size=8, seq_len=40, batch_size=16,
                             seed=3),
+    "induction_dense": dict(task="induction_heads", vocab_size=8, seq_len=40, batch_size=16,
+                            seed=3, dense=True),
 }
 
 
@@ -153,6 +155,29 @@ def test_induction_heads_definition():
       assert y[t - 1] == x[trig[0] + 1]
       positions.append(trig[0])
   assert len(set(positions)) > 10  # the first trigger moves around
+
+
+def test_dense_induction_heads_definition():
+  """Each scored token's answer is what followed its first occurrence; the repeat's
+  position, offset and length vary, so no position-only rule predicts the answers."""
+  cfg = SMALL["induction_dense"]
+  ds = data.make_dataset(cfg)
+  v, t = cfg["vocab_size"], cfg["seq_len"]
+  starts, offsets, lengths = set(), set(), set()
+  for step in range(4):
+    b = ds.batch(step)
+    for x, y, m in zip(b["inputs"], b["targets"], b["mask"]):
+      scored = np.flatnonzero(m)
+      second, n = scored[0], len(scored) + 1  # the repeat and its length
+      assert np.array_equal(scored, np.arange(second, second + n - 1))
+      trig = np.flatnonzero(x == v - 1)
+      assert len(trig) == 2  # once in the span, once in its repeat
+      first = second - (trig[1] - trig[0])
+      assert first + n <= second and np.array_equal(x[first:first + n], x[second:second + n])
+      np.testing.assert_array_equal(y[scored], x[scored + 1])
+      np.testing.assert_array_equal(y[scored], x[scored - second + first + 1])
+      starts.add(second), offsets.add(second - first), lengths.add(n)
+  assert len(starts) > 10 and len(offsets) > 10 and len(lengths) >= 5
 
 
 def test_generation_is_fast():
