@@ -10,8 +10,18 @@ environment variables ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
 ``JAX_PROCESS_ID``; or ``--distributed`` alone where JAX detects the cluster itself, e.g.
 SLURM or Cloud TPU).
 
-Exit status: 0 done; 2 bad configuration or workdir (nothing was written); 1 the run failed
-(e.g. a non-finite loss); 3 preempted (SIGTERM) after saving a checkpoint.
+Exit status (``linear_attention.train.errors.EXIT_CODES``); the last line of a failure is
+one ``error: ...`` line:
+
+- 0: finished, or had finished before;
+- 1: runtime failure after the run started (an I/O error, no checkpoint that restores, an
+  internal error); the traceback is appended to ``<workdir>/error.log``;
+- 2: bad configuration or workdir, found before anything was written: a typo, a bad value,
+  a config that differs from the workdir's ``config.json`` in a field the checkpoints depend
+  on, a workdir locked by another live run;
+- 3: stopped by SIGTERM (or a first Ctrl-C) after saving a checkpoint (rerun to resume);
+- 4: the loss or the gradient norm became non-finite (the state was not saved);
+- 130: interrupted (a second Ctrl-C, or one before training began).
 """
 
 from __future__ import annotations
@@ -70,6 +80,9 @@ def _fail(msg: str, code: int = 2):
 
 def _parse_flags(argv):
   """absl flag parsing with one-line errors (no traceback) for bad configs and overrides."""
+  path = _config_path(argv)
+  if path and not os.path.isfile(path):  # config_flags would say it in four lines
+    _fail(f"config file {path!r} not found.")
   try:
     return FLAGS(argv)
   except flags.Error as e:
@@ -114,6 +127,12 @@ def _maybe_initialize_distributed() -> None:
   jax.distributed.initialize(**kw)
 
 
+def _one_line(error: BaseException) -> str:
+  """The first line of ``error``'s message (orbax and TensorStore messages run to pages)."""
+  lines = str(error).strip().splitlines()
+  return lines[0] if lines else type(error).__name__
+
+
 def main(argv) -> None:
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
@@ -133,14 +152,22 @@ def main(argv) -> None:
   _maybe_initialize_distributed()
 
   from linear_attention import train  # heavy imports after the cheap checks
+  from linear_attention.train import errors, rundir
   try:
     train.train_and_evaluate(config, FLAGS.workdir, verbose=not FLAGS.quiet)
-  except (ValueError, ModuleNotFoundError) as e:
-    _fail(str(e))
-  except train.NonFiniteLossError as e:
-    _fail(str(e), code=1)
-  except train.PreemptedError as e:
-    _fail(str(e), code=3)
+  except Exception as e:  # every failure ends in one line and a documented code
+    code = errors.exit_code(e)
+    if code == errors.EXIT_CONFIG:  # nothing was written: no log either
+      _fail(_one_line(e), code)
+    log = rundir.log_exception(os.path.abspath(os.path.expanduser(FLAGS.workdir)), e)
+    known = isinstance(e, (errors.CheckpointError, errors.DataError, errors.PreemptedError,
+                           errors.NonFiniteLossError))
+    msg = _one_line(e) if known else f"{type(e).__name__}: {_one_line(e)}"
+    _fail(msg + (f" (traceback in {log})" if log and not known else ""), code)
+  except KeyboardInterrupt as e:
+    rundir.log_exception(os.path.abspath(os.path.expanduser(FLAGS.workdir)), e)
+    _fail("interrupted; rerun the same command to resume from the last checkpoint.",
+          errors.EXIT_INTERRUPTED)
 
 
 def run() -> None:

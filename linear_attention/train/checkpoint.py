@@ -5,17 +5,47 @@ as its orbax step, the number of completed training steps, which by the data con
 also the data iterator's position. Orbax writes each checkpoint to a temporary directory
 and renames it when complete, so a checkpoint cut short by a kill is never listed (and its
 temporary directory is removed at the next start).
+
+A checkpoint damaged after it was written (a truncated file, a lost ``_METADATA``, a
+garbled manifest) is another matter: :meth:`Checkpointer.restore_latest` tries the newest
+first and falls back to older ones, moving each unreadable one to ``checkpoints_unreadable/``
+so that the resumed run can save that step again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-from typing import Any
+import shutil
+import sys
+import time
+import traceback
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
 
+from linear_attention.train import errors
+
 CHECKPOINT_DIR = "checkpoints"
+UNREADABLE_DIR = "checkpoints_unreadable"
+
+
+def _first_line(error: BaseException) -> str:
+  """A short reason: the first line of an orbax/TensorStore message (they run to pages)."""
+  text = str(error).strip().splitlines()
+  first = text[0].split(" See full TensorStore details")[0] if text else ""
+  return f"{type(error).__name__}: {first[:160]}".rstrip(": ")
+
+
+def _wait_until_quiet(stream: io.StringIO, quiet_s: float = 0.2, limit_s: float = 3.0) -> None:
+  """Waits until nothing was written to ``stream`` for ``quiet_s`` (at most ``limit_s``)."""
+  deadline = time.monotonic() + limit_s
+  size = -1
+  while time.monotonic() < deadline and stream.tell() != size:
+    size = stream.tell()
+    time.sleep(quiet_s)
 
 
 class Checkpointer:
@@ -26,10 +56,18 @@ class Checkpointer:
     every: save interval in steps (``<= 0``: only forced saves, e.g. at the end).
     keep: number of checkpoints kept (``<= 0``: all).
     async_save: write in a background thread while training continues.
+    read_only: open for reading only (creates, cleans and moves nothing).
   """
 
-  def __init__(self, workdir: str, every: int, keep: int, async_save: bool = True):
-    self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+  def __init__(self, workdir: str, every: int = 0, keep: int = 1, async_save: bool = True,
+               read_only: bool = False):
+    self.workdir = os.path.abspath(workdir)
+    self.directory = os.path.join(self.workdir, CHECKPOINT_DIR)
+    self.read_only = read_only
+    if read_only:
+      self.manager = ocp.CheckpointManager(
+          self.directory, options=ocp.CheckpointManagerOptions(read_only=True))
+      return
     policies = [ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
     if every > 0:  # no save at the first step (orbax's default adds one)
       policies.append(ocp.checkpoint_managers.FixedIntervalPolicy(every))
@@ -62,9 +100,96 @@ class Checkpointer:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
+  def restore_raw(self, step: int | None = None) -> Any:
+    """The arrays of ``step`` (default: the newest) as saved, as nested dicts.
+
+    Raises:
+      ValueError: no complete checkpoint (naming the directory).
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise ValueError(f"no complete checkpoint in {self.workdir!r}.")
+    return self.manager.restore(step, args=ocp.args.StandardRestore())
+
+  def restore_latest(self, target: Any, say: Callable[[str], None] | None = None
+                     ) -> tuple[int, Any]:
+    """Restores the newest checkpoint that can be read into ``target``.
+
+    Each unreadable one (newer than the one restored) is moved to ``checkpoints_unreadable/``
+    and said in one line through ``say``: the step, why, and the step resumed from.
+
+    Returns:
+      ``(step, state)``; ``(0, target)`` when there is no checkpoint.
+
+    Raises:
+      CheckpointError: there are checkpoints and none restores (one line naming the
+        directory and what to do).
+    """
+    failed: list[tuple[int, str]] = []
+    noise = io.StringIO()
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        # A damaged checkpoint makes TensorStore's reader threads print pages of "Event loop
+        # is closed" tracebacks; they go to the error log, not the terminal.
+        with contextlib.redirect_stderr(noise):
+          try:
+            state = self.restore(step, target)
+          except Exception:
+            _wait_until_quiet(noise)  # reads still in flight report after the raise
+            raise
+      except Exception as e:  # orbax and TensorStore raise bare Exception for damaged files
+        failed.append((step, _first_line(e)))
+        noise.write(f"checkpoint {step}:\n" + "".join(traceback.format_exception(e)))
+        continue
+      if not failed:
+        sys.stderr.write(noise.getvalue())  # nothing went wrong: whatever was said, say it
+      else:
+        self._log(noise.getvalue())
+        self._set_aside([s for s, _ in failed])
+        if say is not None:
+          for s, why in failed:
+            say(f"checkpoint {s} in {self.directory} is unreadable ({why}); moved to "
+                f"{UNREADABLE_DIR}/, resuming from step {step}")
+      return step, state
+    if failed:
+      self._log(noise.getvalue())
+      steps = ", ".join(str(s) for s, _ in failed)
+      raise errors.CheckpointError(
+          f"no checkpoint in {self.directory} can be restored (steps {steps}; newest: "
+          f"{failed[0][1]}); move that directory away to start the run over, or use another "
+          "--workdir.")
+    return 0, target
+
+  def _log(self, text: str) -> None:
+    """Appends the failed restores' tracebacks to ``workdir/error.log`` (best effort)."""
+    if self.read_only or not text or jax.process_index() != 0:
+      return
+    try:
+      with open(os.path.join(self.workdir, "error.log"), "a") as f:
+        f.write(f"--- restoring from {self.directory}\n{text}")
+    except OSError:
+      pass
+
+  def _set_aside(self, steps: list[int]) -> None:
+    """Moves the damaged ``steps`` out of orbax's view (kept for inspection, not deleted)."""
+    if self.read_only or jax.process_index() != 0:
+      return
+    dest = os.path.join(self.workdir, UNREADABLE_DIR)
+    os.makedirs(dest, exist_ok=True)
+    for s in steps:
+      src = os.path.join(self.directory, str(s))
+      target = os.path.join(dest, str(s))
+      n = 1
+      while os.path.exists(target):  # damaged twice at the same step
+        target = os.path.join(dest, f"{s}.{n}")
+        n += 1
+      shutil.move(src, target)
+    self.manager.reload()
+
   def wait_until_finished(self) -> None:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
+    if not self.read_only:
+      self.manager.wait_until_finished()
     self.manager.close()

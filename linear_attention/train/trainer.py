@@ -12,10 +12,12 @@ Config fields used (see ``configs/common.py``): ``model.*``, ``optim.*``, ``trai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Mapping
@@ -29,21 +31,17 @@ from flax import nnx
 
 from linear_attention import models
 from linear_attention.train import checkpoint as ckpt_lib
+from linear_attention.train import errors
 from linear_attention.train import metrics as metrics_lib
 from linear_attention.train import optim
+from linear_attention.train import rundir
 from linear_attention.train import sharding
+# Re-exported: callers catch these as ``trainer.NonFiniteLossError`` and read the file names.
+from linear_attention.train.errors import NonFiniteLossError, PreemptedError  # noqa: F401
+from linear_attention.train.rundir import (CONFIG_FILE, FINAL_METRICS_FILE,  # noqa: F401
+                                           load_config, load_final_metrics, prepare_workdir)
 
-CONFIG_FILE = "config.json"
-FINAL_METRICS_FILE = "final_metrics.json"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-class NonFiniteLossError(FloatingPointError):
-  """The loss or the gradient norm became NaN/Inf; nothing after the last good check is saved."""
-
-
-class PreemptedError(RuntimeError):
-  """SIGTERM (or a multi-host preemption notice) arrived; a checkpoint was saved first."""
 
 
 # ----------------------------------------------------------------------------- model
@@ -165,50 +163,65 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   optim.lr_schedule(config.optim, max(int(t.steps), 1))  # an unknown schedule fails here
 
 
-def prepare_workdir(workdir: str) -> str:
-  """Creates ``workdir`` (and parents) and checks it is writable; returns its absolute path.
+def check_batch(batch: Mapping[str, np.ndarray], ds, step: int, split: str) -> None:
+  """Refuses a batch whose token ids (or labels) fall outside the dataset's vocabulary.
+
+  Out-of-range ids do not fail inside the model: the embedding lookup gives NaN logits
+  (ids >= vocab) or wraps around (negative ids) under ``jit``. One min/max per array on the
+  host costs microseconds per step.
 
   Raises:
-    ValueError: the path cannot be created or written (naming it and why).
+    DataError: naming the array, the offending id, the vocabulary size, the step and split.
   """
-  if not workdir:
-    raise ValueError("--workdir must be a non-empty path.")
-  path = os.path.abspath(os.path.expanduser(workdir))
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ValueError(f"workdir {path!r} exists and is not a directory.")
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f"cannot create workdir {path!r}: {e.strerror or e}.") from None
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise ValueError(f"workdir {path!r} is not writable.")
-  return path
+  checks = [("inputs", batch["inputs"], None, ds.vocab_size)]
+  if ds.kind == "lm":
+    checks.append(("targets", batch["targets"], np.asarray(batch["mask"]) > 0, ds.vocab_size))
+  elif "label" in batch and ds.num_classes:
+    checks.append(("label", batch["label"], None, ds.num_classes))
+  for name, arr, where, size in checks:
+    arr = np.asarray(arr)
+    if where is not None:
+      arr = arr[where]
+    if arr.size == 0:
+      continue
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= size:
+      bad = lo if lo < 0 else hi
+      what = "classes" if name == "label" else "vocabulary"
+      raise errors.DataError(
+          f"the {split} batch of step {step} holds {name} id {bad}, outside the {what} of "
+          f"size {size} (valid ids 0..{size - 1}); the dataset breaks the data contract.")
 
 
 class _SigtermFlag:
-  """Turns SIGTERM into a flag checked between steps (main thread only)."""
+  """Turns SIGTERM and a first SIGINT into a flag checked between steps (main thread only):
+  the loop saves a checkpoint and stops. A second SIGINT interrupts at once."""
 
   def __init__(self):
     self.set = False
-    self._old = None
+    self.name = ""
+    self._old: dict = {}
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self._old = signal.signal(signal.SIGTERM, self._handle)
+      self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
     return self
 
   def _handle(self, signum, frame):
-    self.set = True
+    if signum == signal.SIGINT and self.set:
+      raise KeyboardInterrupt
+    self.set, self.name = True, signal.Signals(signum).name
 
   def __exit__(self, *exc):
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
+    for s, h in self._old.items():
+      signal.signal(s, h)
 
 
 def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "validation"):
   """Loss and accuracy summed over ``ds.eval_batches(split, num_batches)``."""
   tot = {"loss_sum": 0.0, "correct": 0.0, "weight": 0.0}
-  for b in ds.eval_batches(split=split, num_batches=num_batches):
+  for i, b in enumerate(ds.eval_batches(split=split, num_batches=num_batches)):
+    check_batch(b, ds, i, split)
     out = jax.device_get(eval_fn(state, sharding.put_batch(b, mesh)))
     for k in tot:
       tot[k] += float(out[k])
@@ -220,6 +233,15 @@ def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "va
 
 
 EARLY_STOP_METRICS = ("", "accuracy", "loss")
+
+
+def non_finite_message(step: int, loss: float, grad_norm: float, directory: str) -> str:
+  """The stop message of a non-finite step, naming which of the two was not finite."""
+  bad = [n for n, v in (("loss", loss), ("gradient norm", grad_norm)) if not math.isfinite(v)]
+  return (f"non-finite {' and '.join(bad) or 'value'} at step {step} (loss {loss}, gradient "
+          f"norm {grad_norm}); stopping without saving this state. The last checkpoint in "
+          f"{directory} is from before it; try a lower config.optim.lr or a smaller "
+          "config.optim.clip_norm.")
 
 
 def early_stop_reached(tcfg: Mapping[str, Any], res: Mapping[str, float]) -> bool:
@@ -251,30 +273,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
     ``validation_accuracy``, ``num_params``, ``elapsed`` (and ``bits_per_byte`` for text).
 
   Raises:
-    ValueError: bad config, unknown mixer, unwritable workdir, missing corpus; raised before
-      anything is written.
-    NonFiniteLossError: the loss became NaN/Inf (the message names the step).
+    ConfigError (a ValueError): bad config, unknown mixer, unwritable workdir, missing corpus,
+      a first batch outside the vocabulary, a config that differs from the workdir's
+      ``config.json`` in a field the checkpoints depend on, or a workdir locked by another
+      live run; raised before anything is written.
+    CheckpointError: the workdir has checkpoints and none restores (damaged newer ones are
+      skipped with one line each).
+    DataError: a later batch broke the data contract (an id outside the vocabulary).
+    NonFiniteLossError: the loss or gradient norm became NaN/Inf (the message names the step
+      and which of the two).
     PreemptedError: SIGTERM arrived; a checkpoint of the last step was saved.
   """
   t_start = time.time()
-  _check_config(config)
-  if dataset is None:
-    from linear_attention import data  # the trainer's tests can run without the task code
-    dataset = data.make_dataset(config.data)
-  ds = dataset
-  seed = int(config.train.seed)
-  model = create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes, seed)
-  total = int(config.train.steps)
-  opt = optim.make_optimizer(model, config.optim, total)
-  mesh = sharding.make_mesh(config.mesh)
-  if ds.batch_size % mesh.shape[sharding.DATA]:
-    raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
-                     f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
-  workdir = prepare_workdir(workdir)  # only now, after everything above validated
+  try:
+    _check_config(config)
+    if dataset is None:
+      from linear_attention import data  # the trainer's tests can run without the task code
+      dataset = data.make_dataset(config.data)
+    ds = dataset
+    model = create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
+                         int(config.train.seed))
+    opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
+    mesh = sharding.make_mesh(config.mesh)
+    if ds.batch_size % mesh.shape[sharding.DATA]:
+      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
+                       f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
+    check_batch(ds.batch(0, split="train"), ds, 0, "train")
+    workdir = prepare_workdir(workdir)  # only now, after everything above validated
+  except errors.ConfigError:
+    raise
+  except (ValueError, ModuleNotFoundError) as e:  # all of it refused before anything written
+    raise errors.ConfigError(str(e)) from e
   lead = jax.process_index() == 0
-  if lead:
-    metrics_lib.write_json(os.path.join(workdir, CONFIG_FILE),
-                           json.loads(config.to_json_best_effort()))
+  # One run per workdir: the lock is held until this process returns or dies.
+  with rundir.WorkdirLock(workdir) if lead else contextlib.nullcontext() as lock:
+    return _train(config, workdir, ds, model, opt, mesh, lock, verbose=verbose, t_start=t_start)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Module,
+           opt: nnx.Optimizer, mesh, lock: rundir.WorkdirLock | None, *, verbose: bool,
+           t_start: float) -> dict:
+  """The run itself, in a validated and locked workdir (see :func:`train_and_evaluate`)."""
+  total = int(config.train.steps)
+  lead = jax.process_index() == 0
+  say = (lambda line: print(line, file=sys.stderr, flush=True)) if verbose and lead else (
+      lambda line: None)
+  if lock is not None and lock.took_over:
+    say(rundir.describe_takeover(lock.took_over))
 
   graphdef, state = nnx.split((model, opt))
   state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
@@ -286,19 +331,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
   tcfg = config.train
   ckpt = ckpt_lib.Checkpointer(workdir, tcfg.checkpoint_every, tcfg.keep_checkpoints,
                                tcfg.async_checkpoints)
-  start = ckpt.latest_step() or 0
-  done_before = load_final_metrics(workdir) if lead else None
-  finished = done_before is not None and (
-      (start >= total and done_before.get("step") == total)
-      or (done_before.get("stopped_early") and done_before.get("step") == start))
-  if finished:
+  try:
+    latest = ckpt.latest_step() or 0
+    # Compared before anything is written: a refused change leaves config.json as it was.
+    changed = rundir.check_rerun_config(workdir, config, latest or None)
+    done_before = load_final_metrics(workdir) if lead else None
+    finished = done_before is not None and not changed and (
+        (latest >= total and done_before.get("step") == total)
+        or (done_before.get("stopped_early") and done_before.get("step") == latest))
+    if finished:
+      ckpt.close()
+      if verbose and lead:
+        print(f"{workdir} already finished at step {done_before['step']}; final metrics: "
+              f"{done_before}", flush=True)
+      return done_before
+    # The newest checkpoint that restores; damaged newer ones are set aside and said.
+    start, state = ckpt.restore_latest(state, say=say)
+  except BaseException:
     ckpt.close()
-    if verbose and lead:
-      print(f"{workdir} already finished at step {done_before['step']}; final metrics: "
-            f"{done_before}", flush=True)
-    return done_before
-  if start:
-    state = ckpt.restore(start, state)
+    raise
+  if changed:
+    say(changed)
+  if lead:
+    rundir.write_config(workdir, config)
   writer = metrics_lib.MetricWriter(workdir, start, enabled=lead)
   schedule = optim.lr_schedule(config.optim, total)
   num_params = models.count_params(model)
@@ -331,11 +386,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
     got = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, got):
       if not bool(m["finite"]):
-        raise NonFiniteLossError(
-            f"non-finite loss at step {s} (loss {float(m['loss'])}, gradient norm "
-            f"{float(m['grad_norm'])}); stopping without saving this state. The last "
-            f"checkpoint in {ckpt.directory} is from before it; try a lower "
-            f"config.optim.lr or a smaller config.optim.clip_norm.")
+        raise NonFiniteLossError(non_finite_message(s, float(m["loss"]), float(m["grad_norm"]),
+                                                    ckpt.directory))
       window["loss"].append(float(m["loss"]))
       window["accuracy"].append(float(m["accuracy"]))
     pending = []
@@ -343,7 +395,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
   try:
     with _SigtermFlag() as sigterm:
       for step in range(start, total):
-        batch = sharding.put_batch(ds.batch(step, split="train"), mesh)
+        host_batch = ds.batch(step, split="train")
+        check_batch(host_batch, ds, step, "train")
+        batch = sharding.put_batch(host_batch, mesh)
         state, m = train_fn(state, batch)
         done = step + 1
         pending.append((done, m))
@@ -382,8 +436,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
           ckpt.save(done, state, force=done == total or preempt or stopped_at is not None)
         if preempt:
           ckpt.wait_until_finished()
-          raise PreemptedError(f"SIGTERM at step {done}; checkpoint saved in {ckpt.directory}. "
-                               "Rerun the same command to resume.")
+          raise PreemptedError(f"{sigterm.name} at step {done}; checkpoint saved in "
+                               f"{ckpt.directory}. Rerun the same command to resume.")
         if stopped_at is not None:
           break
       if pending:
@@ -415,15 +469,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
   return final
 
 
-def load_final_metrics(workdir: str) -> dict | None:
-  """``workdir/final_metrics.json`` or None when the run has not finished."""
-  path = os.path.join(workdir, FINAL_METRICS_FILE)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
 def load_checkpoint(workdir: str, step: int | None = None) -> dict:
   """The raw arrays of a checkpoint in ``workdir`` (default: the latest), as nested dicts.
 
@@ -438,15 +483,6 @@ def load_checkpoint(workdir: str, step: int | None = None) -> dict:
   out = mngr.restore(step, args=ocp.args.StandardRestore())
   mngr.close()
   return out
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a run in ``workdir`` was trained with (its ``config.json``)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    raise ValueError(f"no {CONFIG_FILE} in {workdir!r}: not a training run directory.")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
 
 
 def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None = None, *,

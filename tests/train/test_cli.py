@@ -133,7 +133,9 @@ def test_sweep_records_a_crashing_point_and_finishes_the_others(tmp_path):
   assert "unknown mixer 'nope'" in status["nope"]["error"]
   assert np.isfinite(status["gla"]["metrics"]["validation_loss"])
   csv = (wd / "summary.csv").read_text().splitlines()
-  assert csv[0].startswith("point,status,model.mixer") and len(csv) == 3
+  assert csv[0].startswith("point,status,exit_code,model.mixer") and len(csv) == 3
+  assert status["nope"]["returncode"] == 2 and status["gla"]["returncode"] == 0
+  assert status["nope"]["exit_meaning"] == "bad config or workdir"
   assert "validation_loss" in csv[0]
   # A rerun skips the finished points and retries the failed one.
   p = _run(cmd)

@@ -1,0 +1,277 @@
+"""The run directory: its files, its lock and the check of a rerun's config.
+
+A workdir holds ``config.json`` (the config it was trained with), ``checkpoints/``,
+``metrics.jsonl``, ``tensorboard/``, ``final_metrics.json``, ``run.lock`` (held by the
+process training in it) and, after a failure, ``error.log`` (the tracebacks). Nothing here
+imports JAX, so the command line and the sweep runner can use it before the heavy imports.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+import sys
+import traceback
+from typing import Any, Mapping
+
+import ml_collections
+
+from linear_attention.train import errors
+from linear_attention.train import metrics as metrics_lib
+
+CONFIG_FILE = "config.json"
+FINAL_METRICS_FILE = "final_metrics.json"
+LOCK_FILE = "run.lock"
+ERROR_LOG = "error.log"
+
+# Config sections whose fields may change between runs of one workdir: they set how often
+# the run logs, evaluates and saves, where it runs, and how long (``train.steps``).
+# Everything else (``model.*``, ``data.*``, ``optim.*``, ``train.seed``) shapes the
+# parameters, the optimiser state or the data stream the checkpoints were made with.
+RESUMABLE_FIELDS = ("train.", "mesh.")
+FROZEN_FIELDS = ("train.seed",)
+
+
+def prepare_workdir(workdir: str) -> str:
+  """Creates ``workdir`` (and parents) and checks it is writable; returns its absolute path.
+
+  Raises:
+    ConfigError: the path cannot be created or written (naming it and why).
+  """
+  if not workdir:
+    raise errors.ConfigError("--workdir must be a non-empty path.")
+  path = os.path.abspath(os.path.expanduser(workdir))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise errors.ConfigError(f"workdir {path!r} exists and is not a directory.")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise errors.ConfigError(f"cannot create workdir {path!r}: {e.strerror or e}.") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise errors.ConfigError(f"workdir {path!r} is not writable.")
+  return path
+
+
+# ----------------------------------------------------------------------------- lock
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # alive, owned by someone else
+    return True
+  return True
+
+
+class WorkdirLock:
+  """An exclusive ``flock`` on ``workdir/run.lock`` for the life of one run.
+
+  The kernel drops the lock when its process dies, however it dies, so a lock left by a
+  killed run is free for the next one (and said to be taken over). The file names its
+  holder (``pid``, host, start time, command) so that a refused run can name it; it is
+  emptied at a clean release and never deleted (deleting a lock file that another
+  process has just opened would give two holders).
+
+  Raises (on ``acquire`` / ``__enter__``):
+    WorkdirLockedError: another process holds the lock (naming it).
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self._fd: int | None = None
+    self.took_over: dict | None = None  # the previous holder's record, when it died holding it
+
+  def holder(self) -> dict | None:
+    """The record in the lock file (``{"pid", "host", "started", "command"}``) or None."""
+    try:
+      with open(self.path) as f:
+        text = f.read().strip()
+      return json.loads(text) if text else None
+    except (OSError, json.JSONDecodeError):
+      return None
+
+  def acquire(self) -> "WorkdirLock":
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      os.close(fd)
+      h = self.holder() or {}
+      who = (f"process {h.get('pid')} on {h.get('host')} (started {h.get('started')})"
+             if h.get("pid") else "another process")
+      raise errors.WorkdirLockedError(
+          f"workdir {os.path.dirname(self.path)!r} is in use by {who}; wait for it to finish "
+          f"or stop it, or use another --workdir.") from None
+    prev = self.holder()
+    if prev and prev.get("pid") and not (prev.get("host") == socket.gethostname()
+                                         and prev.get("pid") == os.getpid()):
+      self.took_over = prev
+    record = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": datetime.datetime.now().isoformat(timespec="seconds"),
+              "command": " ".join(sys.argv)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    os.fsync(fd)
+    self._fd = fd
+    return self
+
+  def release(self) -> None:
+    if self._fd is None:
+      return
+    try:
+      os.ftruncate(self._fd, 0)  # an empty file: released cleanly, nothing to take over
+    finally:
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+
+  def __enter__(self) -> "WorkdirLock":
+    return self.acquire()
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+def describe_takeover(record: Mapping[str, Any]) -> str:
+  """One line about a lock whose holder died without releasing it."""
+  state = "no longer running" if not _pid_alive(int(record["pid"])) else "lock released"
+  return (f"took over the lock of process {record['pid']} on {record.get('host')} "
+          f"(started {record.get('started')}; {state}): that run was killed")
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def config_dict(config: ml_collections.ConfigDict) -> dict:
+  """``config`` as the plain JSON object that ``config.json`` stores."""
+  return json.loads(config.to_json_best_effort())
+
+
+def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes ``workdir/config.json`` (atomically)."""
+  metrics_lib.write_json(os.path.join(workdir, CONFIG_FILE), config_dict(config))
+
+
+def _read_json(path: str) -> Any:
+  with open(path) as f:
+    return json.load(f)
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run in ``workdir`` was trained with (its ``config.json``).
+
+  Raises:
+    ValueError: no ``config.json`` (not a run directory) or an unreadable one.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise ValueError(f"no {CONFIG_FILE} in {workdir!r}: not a training run directory.")
+  try:
+    return ml_collections.ConfigDict(_read_json(path))
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path!r} is not readable JSON ({e}).") from None
+
+
+def load_final_metrics(workdir: str) -> dict | None:
+  """``workdir/final_metrics.json`` or None when the run has not finished."""
+  path = os.path.join(workdir, FINAL_METRICS_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    return _read_json(path)
+  except (OSError, json.JSONDecodeError):  # cut short: the run did not finish cleanly
+    return None
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out: dict[str, Any] = {}
+  for k, v in d.items():
+    if isinstance(v, Mapping):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def config_changes(stored: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple]:
+  """``{"field": (stored value, new value)}`` for every leaf that differs.
+
+  A field missing from the stored config is not a change: configs gain fields with
+  defaults that keep the old behaviour, and a config written before must stay resumable.
+  """
+  old, cur = _flatten(stored), _flatten(new)
+  return {k: (old[k], v) for k, v in cur.items() if k in old and old[k] != v}
+
+
+def check_rerun_config(workdir: str, config: ml_collections.ConfigDict,
+                       latest_step: int | None) -> str | None:
+  """Compares ``config`` with the workdir's ``config.json`` before anything is written.
+
+  Returns:
+    None for a fresh workdir or an unchanged config; else one line saying what changed
+    (e.g. ``train.steps`` extended).
+
+  Raises:
+    ConfigChangedError: a field that shapes the parameters, the optimiser state or the data
+      changed (all such fields in one line), or ``train.steps`` went below the newest
+      checkpoint.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    stored = _read_json(path)
+  except (OSError, json.JSONDecodeError):
+    if latest_step is None:  # nothing was trained from it: the new config replaces it
+      return None
+    raise errors.ConfigChangedError(
+        f"{path!r} is unreadable but checkpoints exist; cannot tell whether they match this "
+        "config. Use another --workdir, or restore config.json.") from None
+  changes = config_changes(stored, config_dict(config))
+  if not changes:
+    return None
+  frozen = {k: v for k, v in changes.items()
+            if not k.startswith(RESUMABLE_FIELDS) or k in FROZEN_FIELDS}
+  if frozen:
+    listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(frozen.items()))
+    raise errors.ConfigChangedError(
+        f"config differs from {path} in fields that shape the parameters, the optimiser or "
+        f"the data: {listed}; rerun with the stored values, or use another --workdir.")
+  steps = changes.get("train.steps")
+  if steps and latest_step is not None and steps[1] < latest_step:
+    raise errors.ConfigChangedError(
+        f"train.steps {steps[0]} -> {steps[1]} is below the newest checkpoint (step "
+        f"{latest_step}) in {workdir!r}; a run cannot be shortened after the fact.")
+  parts = []
+  if steps:
+    verb = "extending" if steps[1] > steps[0] else "changing"
+    parts.append(f"{verb} train.steps from {steps[0]} to {steps[1]} (the learning-rate "
+                 "schedule follows the new length)")
+  other = {k: v for k, v in changes.items() if k != "train.steps"}
+  if other:
+    parts.append("changed " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(other.items())))
+  return "config.json updated: " + "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def log_exception(workdir: str, error: BaseException) -> str | None:
+  """Appends ``error``'s traceback to ``workdir/error.log``; returns its path (None if the
+  workdir does not exist or cannot be written)."""
+  if not os.path.isdir(workdir):
+    return None
+  path = os.path.join(workdir, ERROR_LOG)
+  try:
+    with open(path, "a") as f:
+      f.write(f"--- {datetime.datetime.now().isoformat(timespec='seconds')} pid {os.getpid()}: "
+              f"{' '.join(sys.argv)}\n")
+      f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+  except OSError:
+    return None
+  return path
