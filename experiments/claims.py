@@ -1,0 +1,866 @@
+"""The claims table: each published claim a study tests, its published figure, ours, a verdict.
+
+One function per study (``mqar_claims``, ``synthetic_claims``, ``lm_claims``,
+``listops_claims``, ``cost_claims``, ``approximation_claims``) takes the
+study's result dict (``results/studies/<name>/<name>.json``) and returns
+claim rows, dicts with the keys of ``COLUMNS``:
+
+* ``study``, ``claim`` (what the paper reports, in words), ``source`` (paper,
+  table or figure), ``published`` (the published figure, as text);
+* ``ours``: this project's figure with its uncertainty (binomial standard
+  error ``sqrt(p (1 - p) / n)`` written ``p ± se``, or the seed spread) and the
+  number of test items;
+* ``verdict``: one of ``VERDICTS``; ``reason``: why, in a few words (the rule
+  that decided, the budget).
+
+Verdicts come from the rules below, applied to the numbers in the JSON; none
+is written per result. "SE" is a standard error; a difference between two
+independent accuracies is *significant* when it exceeds ``Z = 2`` times the
+standard error of the difference, ``sqrt(se_a**2 + se_b**2)``.
+
+MQAR (Zoology, Arora et al. 2023, figure 2); points are the best-learning-rate
+rows of ``table``; *recurrent* = not softmax, with the short convolution:
+
+* attention solves MQAR: the lowest softmax accuracy (short convolution on)
+  over every trained (setting, width) is >= ``SOLVED`` (0.95): reproduced;
+  else, softmax >= ``LEARNED`` (0.5) everywhere and no recurrent mixer
+  significantly above it at any point: reproduced in shape; else not
+  reproduced.
+* accuracy grows with state size: the Spearman rank correlation between
+  state size and accuracy over the recurrent points, per setting, is positive
+  in every setting with >= 3 points, and more than half of the (mixer,
+  setting) pairs improve significantly from the smallest to the largest width:
+  reproduced in shape (the claim is a trend, so never "reproduced"); else not
+  reproduced; no setting with 3 points: not measured.
+* recurrent models fall short of attention on the larger setting: at the
+  longest setting, softmax minus the best recurrent accuracy at each width is
+  significantly positive everywhere: reproduced; positive everywhere:
+  reproduced in shape; else not reproduced.
+* recipe (not a paper claim): softmax with the short convolution minus
+  without it, per (setting, width): significantly positive everywhere:
+  reproduced; positive at most points: reproduced in shape; else not reproduced.
+
+Synthetic tasks (Mamba, Gu & Dao 2023):
+
+* selective copying (table 1): Mamba >= ``SOLVED`` and S4D < ``LEARNED``
+  (0.5): reproduced; Mamba significantly above S4D: reproduced in shape; else
+  not reproduced.
+* induction heads at the training length (table 2): Mamba >= ``SOLVED``:
+  reproduced; >= ``LEARNED``: reproduced in shape; else not reproduced.
+* extrapolation of a selective model (mamba, and mamba2 where present): not
+  measured when the model did not learn the task (< ``LEARNED`` at the
+  training length); else its lowest accuracy beyond the training length
+  >= ``SOLVED``: reproduced; >= ``LEARNED``: reproduced in shape; else not
+  reproduced.
+* attention with RoPE fails beyond about 2x: not measured when softmax did
+  not learn the task at the training length; every tested length beyond 2x
+  below ``LEARNED``: reproduced; the first length beyond 2x significantly below
+  the training length: reproduced in shape; else not reproduced.
+
+Language modelling (GLA, Yang et al. 2024; Mamba; Katharopoulos et al. 2020),
+per corpus, one seed per run:
+
+* gated mixers (``GATED``) within ``CLOSE_BPB`` (0.05) bits/byte of softmax or
+  better: a majority of them: reproduced; at least one: reproduced in shape;
+  none: not reproduced.
+* ungated mixers (``UNGATED``) worse than softmax by more than ``CLOSE_BPB``:
+  all of them: reproduced; all worse by any amount: reproduced in shape; else
+  not reproduced.
+
+ListOps (Long Range Arena, Tay et al. 2021, table 1), on a reduced task, so
+at most "reproduced in shape"; not measured when softmax is not significantly
+above the majority-class rate (it learned nothing to compare):
+
+* efficient variants do not beat the Transformer: no mixer significantly
+  above softmax: reproduced in shape; else not reproduced.
+* Performer falls far below the Transformer: Performer significantly below
+  softmax: reproduced in shape; else not reproduced.
+
+Cost (Katharopoulos et al. 2020, section 3), forward pass, fitted log-log
+slopes (no uncertainty in the JSON; the number of lengths fitted is shown):
+
+* time and memory: linear attention's slope within ``LINEAR_SLOPE`` (0.8-1.2)
+  and naive softmax's within ``QUADRATIC_SLOPE`` (1.7-2.5): reproduced;
+  linear's slope below softmax's by more than 0.5: reproduced in shape; else
+  not reproduced.
+* decoding: the linear step's latency slope against the position within
+  ``CONSTANT_SLOPE`` (-0.2-0.2) and the KV-cache step's >= 0.8: reproduced;
+  the linear slope below the KV cache's by more than 0.5: reproduced in shape;
+  else not reproduced.
+
+Approximation (Choromanski et al. 2021, FAVOR+), per setting (causal or not,
+logit scale), from ``comparison``: the paired test over seeds on the log MSE
+(``outcome_log``: holds / fails / unclear at each feature count ``m``):
+
+* holds at more than half of the comparisons and fails at none: reproduced;
+  holds at more than it fails: reproduced in shape; else not reproduced (all
+  unclear: no significant difference).
+
+Results at smoke size are judged by the same rules, with "smoke-size results"
+in the reason: they carry no evidence. A results file missing, or in a format
+older than the study script, gives "not measured" rows.
+
+    python experiments/claims.py [--results DIR] [--out FILE]
+
+prints the table and writes ``<results>/claims.json`` (default
+``results/studies/claims.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import textwrap
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
+
+COLUMNS = ("study", "claim", "source", "published", "ours", "verdict", "reason")
+REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED = (
+    "reproduced", "reproduced in shape", "not reproduced", "not measured")
+VERDICTS = (REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED)
+STUDIES = ("cost", "approximation", "mqar", "synthetic", "lm", "listops")
+
+Z = 2.0  # a difference is significant beyond Z standard errors
+SOLVED = 0.95  # accuracy at which a task counts as solved
+LEARNED = 0.5  # accuracy at which a task counts as learned (far above chance here)
+CLOSE_BPB = 0.05  # bits per byte: "close to softmax"
+LINEAR_SLOPE = (0.8, 1.2)
+QUADRATIC_SLOPE = (1.7, 2.5)
+CONSTANT_SLOPE = (-0.2, 0.2)
+SEPARATED_SLOPE = 0.5  # "in shape": the linear slope below the quadratic one by this much
+GATED = ("gla", "mamba", "mamba2", "gated_deltanet", "hawk", "hgrn2", "rwkv6")
+UNGATED = ("linear", "performer")
+SELECTIVE = ("mamba", "mamba2")
+
+
+class SchemaError(ValueError):
+  """The result dict lacks what the claims need (an older or a different format)."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _row(study, claim, source, published, ours, verdict, reason) -> dict:
+  assert verdict in VERDICTS, verdict
+  return dict(zip(COLUMNS, (study, claim, source, published, ours, verdict, reason)))
+
+
+def _need(cond: bool, what: str) -> None:
+  if not cond:
+    raise SchemaError(what)
+
+
+def binomial_se(p: float, n: int) -> float:
+  """Standard error of an accuracy ``p`` measured on ``n`` independent items."""
+  return math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
+def diff_se(se_a: float, se_b: float) -> float:
+  """Standard error of the difference of two independent estimates."""
+  return math.sqrt(se_a ** 2 + se_b ** 2)
+
+
+def significant(diff: float, se: float) -> bool:
+  """``diff`` exceeds ``Z`` standard errors (positive direction)."""
+  return diff > Z * se
+
+
+def _ranks(x: list[float]) -> list[float]:
+  """Ranks 0..n-1; tied values share their average rank."""
+  order = sorted(range(len(x)), key=lambda i: x[i])
+  r = [0.0] * len(x)
+  i = 0
+  while i < len(order):
+    j = i
+    while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+      j += 1
+    for k in range(i, j + 1):
+      r[order[k]] = (i + j) / 2
+    i = j + 1
+  return r
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+  """Spearman's rank correlation; None with under 3 points or a constant variable."""
+  if len(x) < 3:
+    return None
+  rx, ry = _ranks(x), _ranks(y)
+  mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+  sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+  sxx = sum((a - mx) ** 2 for a in rx)
+  syy = sum((b - my) ** 2 for b in ry)
+  if sxx == 0 or syy == 0:
+    return None
+  return sxy / math.sqrt(sxx * syy)
+
+
+def _acc(p: float, se: float, n: int | None = None) -> str:
+  """``0.987 ± 0.004`` (n=1,024)."""
+  return f"{p:.3f} ± {se:.3f}" + (f" (n={n:,})" if n else "")
+
+
+def _smoke(result: dict) -> bool:
+  return bool(result.get("config", {}).get("smoke"))
+
+
+def _finish(rows: list[dict], result: dict) -> list[dict]:
+  """Marks smoke-size results in every row's reason."""
+  if _smoke(result):
+    for r in rows:
+      r["reason"] = "smoke-size results (no evidence); " + r["reason"]
+  return rows
+
+
+# ----------------------------------------------------------------------------- MQAR
+
+MQAR_SOURCE = "Zoology (Arora et al. 2023), figure 2"
+MQAR_CLAIMS = {
+    "attention": ("Attention solves MQAR at every width and setting", MQAR_SOURCE,
+                  "near 100% at every width and setting"),
+    "state": ("Recurrent models need a larger state: accuracy grows with state size", MQAR_SOURCE,
+              "accuracy rises with state size / width"),
+    "gap": ("Recurrent models fall short of attention on the larger setting", MQAR_SOURCE,
+            "attention near 100%; recurrent models below it"),
+    "recipe": ("Recipe: a short convolution before attention helps it learn MQAR (equal budget)",
+               "Zoology configs: short convolution before every mixer",
+               "(recipe; no published figure)"),
+}
+
+
+def mqar_claims(result: dict) -> list[dict]:
+  """Claim rows of the MQAR study (``experiments/study_mqar.py``); rules in the module doc."""
+  table = result.get("table") or []
+  _need(all("short_conv" in r and "accuracy" in r and "se" in r and "state_floats" in r
+            for r in table), "MQAR table rows lack short_conv/accuracy/se/state_floats")
+  _need("budget" in result, "MQAR result lacks budget")
+  rows = []
+  study = "mqar"
+  b = result["budget"]
+  frac = b.get("fraction_of_paper_examples")
+  budget = (f"budget: <= {b.get('training_examples_max', 0):,} examples per point"
+            + (f" ({100 * frac:.2g}% of Zoology's)" if frac else ""))
+
+  def add(key, ours, verdict, reason):
+    rows.append(_row(study, *MQAR_CLAIMS[key], ours, verdict, reason))
+
+  soft = [r for r in table if r["mixer"] == "softmax" and r["short_conv"] > 0]
+  rec = [r for r in table if r["mixer"] != "softmax" and r["short_conv"] > 0]
+  where = lambda r: f"T={r['seq_len']}, d={r['d_model']}"  # noqa: E731
+
+  # 1. Attention solves MQAR.
+  if not soft:
+    add("attention", "no softmax run with the short convolution", NOT_MEASURED, budget)
+  else:
+    low = min(soft, key=lambda r: r["accuracy"])
+    ours = (f"min {_acc(low['accuracy'], low['se'], low['test_queries'])} at {where(low)}; "
+            f"{len(soft)} points")
+    if low["accuracy"] >= SOLVED:
+      add("attention", ours, REPRODUCED, f">= {SOLVED} everywhere; {budget}")
+    else:
+      behind = []
+      for s in soft:
+        peers = [r for r in rec if (r["seq_len"], r["d_model"]) == (s["seq_len"], s["d_model"])]
+        if peers:
+          top = max(peers, key=lambda r: r["accuracy"])
+          if significant(top["accuracy"] - s["accuracy"], diff_se(top["se"], s["se"])):
+            behind.append(f"{top['mixer']} at {where(s)}")
+      if behind:
+        add("attention", ours, NOT_REPRODUCED,
+            f"below {SOLVED}; beaten by {', '.join(behind)}; {budget}")
+      elif low["accuracy"] < LEARNED:
+        add("attention", ours, NOT_REPRODUCED, f"below {LEARNED} at {where(low)}; {budget}")
+      else:
+        add("attention", ours, IN_SHAPE,
+            f"below {SOLVED}, but no mixer significantly better; {budget}")
+
+  # 2. Accuracy grows with state size (recurrent models).
+  settings = sorted({r["seq_len"] for r in rec})
+  rhos, counted = [], []
+  for t in settings:
+    pts = [r for r in rec if r["seq_len"] == t]
+    if len(pts) >= 3:
+      counted.append(t)
+      rhos.append((t, len(pts), spearman([r["state_floats"] for r in pts],
+                                         [r["accuracy"] for r in pts])))
+  pairs = improved = 0
+  for m in sorted({r["mixer"] for r in rec}):
+    for t in settings:
+      pts = sorted((r for r in rec if r["mixer"] == m and r["seq_len"] == t),
+                   key=lambda r: r["d_model"])
+      if len(pts) >= 2 and pts[0]["d_model"] != pts[-1]["d_model"]:
+        pairs += 1
+        lo, hi = pts[0], pts[-1]
+        improved += significant(hi["accuracy"] - lo["accuracy"], diff_se(hi["se"], lo["se"]))
+  widths = sorted({r["d_model"] for r in rec})
+  ours = "; ".join(f"Spearman {'-' if rho is None else f'{rho:+.2f}'} (T={t}, {n} points)"
+                   for t, n, rho in rhos) or "fewer than 3 recurrent points per setting"
+  if pairs:
+    ours += (f"; {improved}/{pairs} (mixer, setting) pairs improve by > {Z:g} SE from "
+             f"d={widths[0]} to d={widths[-1]}")
+  if not counted:
+    add("state", ours, NOT_MEASURED, f"too few recurrent points; {budget}")
+  else:
+    positive = all(rho is not None and rho > 0 for _, _, rho in rhos)
+    most = pairs > 0 and improved > pairs / 2
+    if positive and most:
+      add("state", ours, IN_SHAPE, f"positive correlation and most pairs improve; {budget}")
+    else:
+      why = [] if positive else ["correlation not positive in every setting"]
+      why += [] if most else ["no majority of pairs improves" if pairs else "one width only"]
+      add("state", ours, NOT_REPRODUCED, f"{'; '.join(why)}; {budget}")
+
+  # 3. The gap at the largest setting.
+  t_max = max((r["seq_len"] for r in soft + rec), default=None)
+  gaps = []
+  for d in sorted({r["d_model"] for r in soft if r["seq_len"] == t_max}):
+    s = next(r for r in soft if r["seq_len"] == t_max and r["d_model"] == d)
+    peers = [r for r in rec if r["seq_len"] == t_max and r["d_model"] == d]
+    if peers:
+      top = max(peers, key=lambda r: r["accuracy"])
+      gaps.append((d, top["mixer"], s["accuracy"] - top["accuracy"], diff_se(s["se"], top["se"])))
+  if not gaps:
+    add("gap", "no softmax and recurrent runs at the same setting and width", NOT_MEASURED, budget)
+  else:
+    ours = f"softmax - best recurrent at T={t_max}: " + "; ".join(
+        f"d={d} {g:+.3f} ± {se:.3f} ({m})" for d, m, g, se in gaps)
+    if all(significant(g, se) for _, _, g, se in gaps):
+      add("gap", ours, REPRODUCED, f"gap > {Z:g} SE at every width; {budget}")
+    elif all(g > 0 for _, _, g, _ in gaps):
+      add("gap", ours, IN_SHAPE, f"gap positive but not > {Z:g} SE at every width; {budget}")
+    else:
+      add("gap", ours, NOT_REPRODUCED, f"a recurrent mixer matches or beats softmax; {budget}")
+
+  # 4. Recipe: softmax with and without the short convolution.
+  without = [r for r in table if r["mixer"] == "softmax" and r["short_conv"] == 0]
+  diffs = []
+  for r0 in without:
+    r1 = next((r for r in soft if (r["seq_len"], r["d_model"]) == (r0["seq_len"], r0["d_model"])),
+              None)
+    if r1 is not None:
+      diffs.append((r0, r1, r1["accuracy"] - r0["accuracy"], diff_se(r1["se"], r0["se"])))
+  if not diffs:
+    add("recipe", "no softmax run without the short convolution", NOT_MEASURED, budget)
+  else:
+    ours = "with - without: " + "; ".join(
+        f"{where(r0)} {g:+.3f} ± {se:.3f}" for r0, _, g, se in diffs)
+    n_sig = sum(significant(g, se) for *_, g, se in diffs)
+    if n_sig == len(diffs):
+      add("recipe", ours, REPRODUCED, f"better by > {Z:g} SE at every point; {budget}")
+    elif sum(g > 0 for *_, g, _ in diffs) > len(diffs) / 2:
+      add("recipe", ours, IN_SHAPE,
+          f"better at most points, by > {Z:g} SE at {n_sig}/{len(diffs)}; {budget}")
+    else:
+      add("recipe", ours, NOT_REPRODUCED, f"not better at most points; {budget}")
+  return _finish(rows, result)
+
+
+# ----------------------------------------------------------------------------- synthetic
+
+MAMBA = "Mamba (Gu & Dao 2023)"
+SYN_CLAIMS = {
+    "copying": ("Selective copying: time-invariant S4 fails, selective Mamba solves it",
+                f"{MAMBA}, table 1", "S4 (no gate) 18.3%, S6/Mamba 99.8% (T=4096, 400k steps)"),
+    "train_len": ("Induction heads: Mamba solves it at the training length",
+                  f"{MAMBA}, table 2", "Mamba 100% at the training length 256"),
+    "extrapolate": ("Induction heads: {m} extrapolates far beyond the training length",
+                    f"{MAMBA}, table 2", "Mamba 100% up to 1M tokens (trained at 256)"),
+    "rope": ("Induction heads: attention with RoPE fails beyond about 2x the training length",
+             f"{MAMBA}, table 2", "MHA-RoPE fails beyond about 2x the training length (256)"),
+}
+
+
+def synthetic_claims(result: dict) -> list[dict]:
+  """Claim rows of the synthetic study (``experiments/study_synthetic.py``)."""
+  _need("budget" in result and "induction_heads" in result and "selective_copying" in result,
+        "synthetic result lacks budget/induction_heads/selective_copying")
+  study = "synthetic"
+  rows = []
+  cfg, b = result["config"], result["budget"]
+
+  def add(key, ours, verdict, reason, **fmt):
+    claim, source, published = SYN_CLAIMS[key]
+    rows.append(_row(study, claim.format(**fmt), source, published, ours, verdict, reason))
+
+  # Selective copying.
+  copying = {}
+  for r in result["selective_copying"]:
+    if "test_accuracy" in r:
+      p, n = r["test_accuracy"], r.get("test_tokens")
+      _need(n is not None, "selective-copying runs lack test_tokens")
+      copying[r["overrides"]["model.mixer"]] = (p, binomial_se(p, n), n)
+  cb = b.get("copying", {})
+  paper = cb.get("paper", {})
+  cbudget = (f"budget: T={cb.get('seq_len')} vs {paper.get('seq_len')}, {cb.get('steps', 0):,} "
+             f"of {paper.get('steps', 0):,} steps")
+  if "mamba" not in copying or "s4d" not in copying:
+    missing = [m for m in ("mamba", "s4d") if m not in copying]
+    add("copying", "; ".join(f"{m} {_acc(*v)}" for m, v in copying.items()) or "-",
+        NOT_MEASURED, f"no finished {', '.join(missing)} run; {cbudget}")
+  else:
+    (pm, sm, nm), (ps, ss, ns) = copying["mamba"], copying["s4d"]
+    ours = f"mamba {_acc(pm, sm, nm)}; s4d {_acc(ps, ss, ns)} (tokens)"
+    if pm >= SOLVED and ps < LEARNED:
+      add("copying", ours, REPRODUCED, f"mamba >= {SOLVED}, s4d < {LEARNED}; {cbudget}")
+    elif significant(pm - ps, diff_se(sm, ss)):
+      add("copying", ours, IN_SHAPE, f"mamba above s4d by > {Z:g} SE; {cbudget}")
+    else:
+      add("copying", ours, NOT_REPRODUCED, f"mamba not above s4d by > {Z:g} SE; {cbudget}")
+
+  # Induction heads.
+  train_len = cfg["induction"]["seq_len"]
+  ext = {}
+  for r in result["induction_heads"]:
+    if r.get("extrapolation"):
+      _need(all("se" in e and "examples" in e for e in r["extrapolation"]),
+            "induction-heads extrapolation lacks se/examples")
+      ext[r["overrides"]["model.mixer"]] = {e["seq_len"]: e for e in r["extrapolation"]}
+  ib = b.get("induction", {})
+  ifrac = ib.get("fraction_of_paper_sequences")
+  ibudget = (f"budget: {ib.get('train_sequences', 0):,} training sequences"
+             + (f" ({100 * ifrac:.2g}% of the paper's)" if ifrac else "")
+             + f"; tested to {max(cfg['test_lengths']):,} tokens")
+  lengths = sorted(cfg["test_lengths"])
+  beyond = [t for t in lengths if t > train_len]
+  beyond2 = [t for t in lengths if t > 2 * train_len]
+  four = [t for t in lengths if t == 4 * train_len] or (beyond2 or beyond)[:1]
+  shown = sorted({train_len, *four, lengths[-1]})  # the training length, 4x, the longest
+
+  def at(m, t):
+    e = ext[m].get(t)
+    return e and (e["accuracy"], e["se"], e["examples"])
+
+  def show(m):
+    return f"{m}: " + "; ".join(f"@{t} {_acc(*at(m, t))}" for t in shown if at(m, t))
+
+  # At the training length.
+  if "mamba" not in ext or not at("mamba", train_len):
+    add("train_len", "-", NOT_MEASURED, f"no mamba result at length {train_len}; {ibudget}")
+  else:
+    p, se, n = at("mamba", train_len)
+    others = [m for m in ("softmax", "mamba2") if m in ext and at(m, train_len)]
+    ours = f"mamba @{train_len} {_acc(p, se, n)}" + "".join(
+        f"; {m} {_acc(*at(m, train_len))}" for m in others)
+    verdict = REPRODUCED if p >= SOLVED else IN_SHAPE if p >= LEARNED else NOT_REPRODUCED
+    add("train_len", ours, verdict,
+        f"{'>=' if p >= SOLVED else '<'} {SOLVED}"
+        + (f", >= {LEARNED}" if LEARNED <= p < SOLVED else "") + f"; {ibudget}")
+
+  # Extrapolation of the selective models.
+  for m in SELECTIVE:
+    if m not in ext:
+      if m == "mamba":
+        add("extrapolate", "-", NOT_MEASURED, f"no mamba result; {ibudget}", m=m)
+      continue
+    base = at(m, train_len)
+    far = [at(m, t) for t in beyond if at(m, t)]
+    if not base or not far:
+      add("extrapolate", show(m), NOT_MEASURED, f"no test beyond the training length; {ibudget}",
+          m=m)
+    elif base[0] < LEARNED:
+      add("extrapolate", show(m), NOT_MEASURED,
+          f"{m} did not learn the task at length {train_len} ({base[0]:.3f} < {LEARNED}); "
+          f"{ibudget}", m=m)
+    else:
+      low = min(p for p, _, _ in far)
+      verdict = REPRODUCED if low >= SOLVED else IN_SHAPE if low >= LEARNED else NOT_REPRODUCED
+      add("extrapolate", show(m), verdict,
+          f"lowest beyond {train_len}: {low:.3f} (rule: >= {SOLVED} reproduced, >= {LEARNED} "
+          f"in shape); {ibudget}", m=m)
+
+  # Attention with RoPE.
+  if "softmax" not in ext or not at("softmax", train_len):
+    add("rope", "-", NOT_MEASURED, f"no softmax result at length {train_len}; {ibudget}")
+  else:
+    base = at("softmax", train_len)
+    far = [(t, at("softmax", t)) for t in beyond2 if at("softmax", t)]
+    if base[0] < LEARNED:
+      add("rope", show("softmax"), NOT_MEASURED,
+          f"softmax did not learn the task at length {train_len} ({base[0]:.3f} < {LEARNED}); "
+          f"{ibudget}")
+    elif not far:
+      add("rope", show("softmax"), NOT_MEASURED, f"no test beyond 2x the training length; "
+          f"{ibudget}")
+    else:
+      t1, first = far[0]
+      if all(p < LEARNED for _, (p, _, _) in far):
+        add("rope", show("softmax"), REPRODUCED,
+            f"below {LEARNED} at every length beyond {2 * train_len}; {ibudget}")
+      elif significant(base[0] - first[0], diff_se(base[1], first[1])):
+        add("rope", show("softmax"), IN_SHAPE,
+            f"drops by > {Z:g} SE at {t1} but stays >= {LEARNED} somewhere beyond; {ibudget}")
+      else:
+        add("rope", show("softmax"), NOT_REPRODUCED,
+            f"no drop by > {Z:g} SE at {t1}; {ibudget}")
+  return _finish(rows, result)
+
+
+# ----------------------------------------------------------------------------- LM
+
+LM_CLAIMS = {
+    "gated": ("Gated linear-time models come close to or match softmax at equal parameters and "
+              "tokens ({corpus})", "GLA (Yang et al. 2024), table 2; Mamba (Gu & Dao 2023)",
+              "gated models match or come close to the Transformer baseline"),
+    "ungated": ("Ungated linear attention and Performer are clearly worse than softmax "
+                "({corpus})", "Katharopoulos et al. 2020; GLA (Yang et al. 2024), table 2",
+                "clearly worse than softmax attention"),
+}
+
+
+def lm_claims(result: dict) -> list[dict]:
+  """Claim rows of the language-modelling study (``experiments/study_lm.py``)."""
+  table = result.get("table") or []
+  _need(all("corpus" in r and "mixer" in r and "bits_per_byte" in r for r in table),
+        "lm table rows lack corpus/mixer/bits_per_byte")
+  study = "lm"
+  cfg = result["config"]
+  rows = []
+  tokens = result.get("training_tokens")
+  val = cfg.get("eval_batches", 0) * cfg.get("batch", 0) * cfg.get("seq_len", 0)
+  budget = (f"budget: {tokens:,} training tokens per run" if tokens else "budget: see lm.json")
+  budget += "; 1 seed"
+  for corpus in dict.fromkeys(r["corpus"] for r in table):
+    bpb = {r["mixer"]: r["bits_per_byte"] for r in table
+           if r["corpus"] == corpus and r["bits_per_byte"] is not None}
+
+    def add(key, ours, verdict, reason):
+      claim, source, published = LM_CLAIMS[key]
+      rows.append(_row(study, claim.format(corpus=corpus), source, published, ours, verdict,
+                       reason))
+
+    if "softmax" not in bpb:
+      add("gated", "-", NOT_MEASURED, f"no softmax result; {budget}")
+      add("ungated", "-", NOT_MEASURED, f"no softmax result; {budget}")
+      continue
+    ref = bpb["softmax"]
+    head = f"softmax {ref:.3f} bits/byte (validation on {val:,} bytes)" if val else (
+        f"softmax {ref:.3f} bits/byte")
+    gaps = {m: bpb[m] - ref for m in GATED if m in bpb}
+    close = sorted(m for m, g in gaps.items() if g <= CLOSE_BPB)
+    if not gaps:
+      add("gated", head, NOT_MEASURED, f"no gated mixer; {budget}")
+    else:
+      ours = (f"{len(close)}/{len(gaps)} gated within {CLOSE_BPB} bits/byte or better; gaps "
+              + ", ".join(f"{m} {g:+.3f}" for m, g in sorted(gaps.items(), key=lambda x: x[1]))
+              + f"; {head}")
+      verdict = (REPRODUCED if len(close) > len(gaps) / 2 else IN_SHAPE if close
+                 else NOT_REPRODUCED)
+      add("gated", ours, verdict, f"majority within {CLOSE_BPB}: reproduced, one: in shape; "
+          f"{budget}")
+    ungated = {m: bpb[m] - ref for m in UNGATED if m in bpb}
+    if not ungated:
+      add("ungated", head, NOT_MEASURED, f"no ungated mixer; {budget}")
+    else:
+      ours = "gaps " + ", ".join(f"{m} {g:+.3f}" for m, g in ungated.items()) + f"; {head}"
+      if all(g > CLOSE_BPB for g in ungated.values()):
+        add("ungated", ours, REPRODUCED, f"all worse by > {CLOSE_BPB} bits/byte; {budget}")
+      elif all(g > 0 for g in ungated.values()):
+        add("ungated", ours, IN_SHAPE, f"worse, but within {CLOSE_BPB} bits/byte; {budget}")
+      else:
+        add("ungated", ours, NOT_REPRODUCED, f"an ungated mixer matches softmax; {budget}")
+  if not rows:
+    for key in LM_CLAIMS:
+      claim, source, published = LM_CLAIMS[key]
+      rows.append(_row(study, claim.format(corpus="no corpus"), source, published, "-",
+                       NOT_MEASURED, "empty table"))
+  return _finish(rows, result)
+
+
+# ----------------------------------------------------------------------------- ListOps
+
+LRA = "Long Range Arena (Tay et al. 2021), table 1"
+LISTOPS_CLAIMS = {
+    "none_beat": ("Efficient Transformers do not beat the Transformer on ListOps", LRA,
+                  "Transformer 36.37%; Linformer 35.70%, Longformer 35.63%, BigBird 36.05%, "
+                  "Performer 18.01%"),
+    "performer": ("Performer falls far below the Transformer on ListOps", LRA,
+                  "Performer 18.01% vs Transformer 36.37%"),
+}
+
+
+def listops_claims(result: dict) -> list[dict]:
+  """Claim rows of the ListOps study (``experiments/study_listops.py``)."""
+  table = result.get("table") or []
+  cfg = result.get("config", {})
+  _need(all("mixer" in r and "test_accuracy" in r for r in table),
+        "listops table rows lack mixer/test_accuracy")
+  n = result.get("test_examples") or cfg.get("test_batches", 0) * cfg.get("batch", 0)
+  _need(n > 0, "listops result lacks the number of test items (config test_batches, batch)")
+  study = "listops"
+  acc = {r["mixer"]: r["test_accuracy"] for r in table if r["test_accuracy"] is not None}
+  se = {m: binomial_se(p, n) for m, p in acc.items()}
+  majority = result.get("majority_class_rate")
+  reduced = (f"reduced task: length <= {cfg.get('max_length', cfg.get('seq_len'))}, depth "
+             f"{cfg.get('max_depth')}, {cfg.get('steps')} steps (LRA: up to 2k tokens)")
+  rows = []
+
+  def add(key, ours, verdict, reason):
+    rows.append(_row(study, *LISTOPS_CLAIMS[key], ours, verdict, reason))
+
+  if "softmax" not in acc:
+    for key in LISTOPS_CLAIMS:
+      add(key, "-", NOT_MEASURED, f"no softmax result; {reduced}")
+    return _finish(rows, result)
+  ref = f"softmax {_acc(acc['softmax'], se['softmax'], n)}" + (
+      f"; majority class {majority:.3f}" if majority is not None else "")
+  if majority is not None and not significant(acc["softmax"] - majority, se["softmax"]):
+    for key in LISTOPS_CLAIMS:
+      add(key, ref, NOT_MEASURED, f"softmax not above the majority class by > {Z:g} SE; "
+          f"{reduced}")
+    return _finish(rows, result)
+
+  others = {m: p for m, p in acc.items() if m != "softmax"}
+  if not others:
+    add("none_beat", ref, NOT_MEASURED, f"no other mixer; {reduced}")
+  else:
+    best = max(others, key=others.get)
+    d, s = others[best] - acc["softmax"], diff_se(se[best], se["softmax"])
+    above = [m for m, p in others.items()
+             if significant(p - acc["softmax"], diff_se(se[m], se["softmax"]))]
+    ours = f"{ref}; best other {best} {_acc(others[best], se[best])} ({d / s:+.1f} SE)"
+    if above:
+      add("none_beat", ours, NOT_REPRODUCED,
+          f"{', '.join(above)} above softmax by > {Z:g} SE; {reduced}")
+    else:
+      add("none_beat", ours, IN_SHAPE, f"no mixer above softmax by > {Z:g} SE; {reduced}")
+  if "performer" not in acc:
+    add("performer", ref, NOT_MEASURED, f"no performer run; {reduced}")
+  else:
+    d = acc["performer"] - acc["softmax"]
+    s = diff_se(se["performer"], se["softmax"])
+    ours = f"performer {_acc(acc['performer'], se['performer'])}; {ref} ({d / s:+.1f} SE)"
+    if significant(-d, s):
+      add("performer", ours, IN_SHAPE, f"below softmax by > {Z:g} SE; {reduced}")
+    else:
+      add("performer", ours, NOT_REPRODUCED, f"not below softmax by > {Z:g} SE; {reduced}")
+  return _finish(rows, result)
+
+
+# ----------------------------------------------------------------------------- cost
+
+KATHAROPOULOS = "Katharopoulos et al. 2020, section 3"
+COST_CLAIMS = {
+    "time": ("Linear attention's time is linear in T, softmax's quadratic", KATHAROPOULOS,
+             "O(T) vs O(T^2): log-log slopes 1 vs 2"),
+    "memory": ("Linear attention's memory is linear in T, softmax's quadratic", KATHAROPOULOS,
+               "O(T) vs O(T^2): log-log slopes 1 vs 2"),
+    "decode": ("Linear attention decodes in O(1) per token, softmax (KV cache) in O(T)",
+               KATHAROPOULOS, "per-token slopes 0 vs 1"),
+}
+
+
+def _in(x, bounds) -> bool:
+  return x is not None and bounds[0] <= x <= bounds[1]
+
+
+def cost_claims(result: dict) -> list[dict]:
+  """Claim rows of the cost study (``experiments/study_cost.py``): fitted log-log slopes."""
+  _need("slopes" in result and "decode_slopes" in result, "cost result lacks slopes")
+  study = "cost"
+  rows = []
+
+  def add(key, ours, verdict, reason):
+    rows.append(_row(study, *COST_CLAIMS[key], ours, verdict, reason))
+
+  def slope(case, key):
+    s = next((s for s in result["slopes"] if s["case"] == case and s["mode"] == "fwd"), None)
+    return (s.get(key), s) if s else (None, None)
+
+  def judge(key, lin, quad, what):
+    if lin is None or quad is None:
+      add(key, what, NOT_MEASURED, "a slope is missing (too few lengths fitted)")
+    elif _in(lin, LINEAR_SLOPE) and _in(quad, QUADRATIC_SLOPE):
+      add(key, what, REPRODUCED, f"linear in {LINEAR_SLOPE}, softmax in {QUADRATIC_SLOPE}")
+    elif lin < quad - SEPARATED_SLOPE:
+      add(key, what, IN_SHAPE, f"slopes outside the bands but separated by > {SEPARATED_SLOPE}")
+    else:
+      add(key, what, NOT_REPRODUCED, f"slopes not separated by > {SEPARATED_SLOPE}")
+
+  def fit(s):
+    return f"{s['n_points']} lengths, T={s['T_range'][0]:,}-{s['T_range'][1]:,}" if s else "-"
+
+  for key, field in (("time", "time_slope"), ("memory", "xla_mem_slope")):
+    lin, ls = slope("linear_chunk", field)
+    quad, qs = slope("naive_softmax", field)
+    what = (f"forward slope: linear (chunk) {'-' if lin is None else f'{lin:.2f}'} ({fit(ls)}); "
+            f"naive softmax {'-' if quad is None else f'{quad:.2f}'} ({fit(qs)})"
+            + ("; XLA's compiled memory" if key == "memory" else ""))
+    judge(key, lin, quad, what)
+
+  ds = result["decode_slopes"]
+  lin, kv = ds.get("linear_step"), ds.get("softmax_kv_cache")
+  pos = result.get("config", {}).get("positions") or []
+  span = f"; positions {pos[0]:,}-{pos[-1]:,}" if pos else ""
+  what = (f"latency slope vs position: linear step {'-' if lin is None else f'{lin:+.2f}'}, "
+          f"softmax KV cache {'-' if kv is None else f'{kv:+.2f}'}{span}")
+  if lin is None or kv is None:
+    add("decode", what, NOT_MEASURED, "a decode slope is missing")
+  elif _in(lin, CONSTANT_SLOPE) and kv >= 0.8:
+    add("decode", what, REPRODUCED, f"linear in {CONSTANT_SLOPE}, KV cache >= 0.8")
+  elif lin < kv - SEPARATED_SLOPE:
+    add("decode", what, IN_SHAPE, f"separated by > {SEPARATED_SLOPE}, outside the bands")
+  else:
+    add("decode", what, NOT_REPRODUCED, f"not separated by > {SEPARATED_SLOPE}")
+  return _finish(rows, result)
+
+
+# ----------------------------------------------------------------------------- approximation
+
+FAVOR = "Choromanski et al. 2021 (FAVOR+), section 2"
+APPROX_CLAIMS = {
+    "positive_vs_trig": ("Positive random features approximate softmax better than "
+                         "trigonometric ones ({setting})", FAVOR,
+                         "positive features: lower error (no single figure)"),
+    "orthogonal_vs_iid": ("Orthogonal random features reduce the error ({setting})", FAVOR,
+                          "orthogonal features: lower error (no single figure)"),
+}
+
+
+def approximation_claims(result: dict) -> list[dict]:
+  """Claim rows of the approximation study (``experiments/study_approximation.py``)."""
+  comp = result.get("comparison")
+  _need(isinstance(comp, dict) and comp, "approximation result lacks comparison")
+  study = "approximation"
+  seeds = result.get("config", {}).get("seeds")
+  rows = []
+  for key, (claim, source, published) in APPROX_CLAIMS.items():
+    for setting, claims in comp.items():
+      res = claims.get(key) or []
+      _need(all("outcome_log" in r for r in res), "comparison entries lack outcome_log")
+      holds = sum(r["outcome_log"] == "holds" for r in res)
+      fails = sum(r["outcome_log"] == "fails" for r in res)
+      unclear = len(res) - holds - fails
+      pairs = ", ".join(dict.fromkeys(f"{r['better']} vs {r['worse']}" for r in res))
+      ours = (f"holds {holds}, fails {fails}, unclear {unclear} of {len(res)} (pair, m) "
+              f"comparisons ({pairs}); paired test on log MSE over {seeds} seeds")
+      if not res:
+        verdict, reason = NOT_MEASURED, "no comparison in this setting"
+      elif holds > len(res) / 2 and fails == 0:
+        verdict, reason = REPRODUCED, f"holds at most m by > {Z:g} SE, never reversed"
+      elif holds > fails:
+        verdict, reason = IN_SHAPE, "holds more often than it is reversed"
+      elif fails:
+        verdict, reason = NOT_REPRODUCED, "reversed at least as often as it holds"
+      else:
+        verdict, reason = NOT_REPRODUCED, f"no difference beyond {Z:g} SE at any m"
+      rows.append(_row(study, claim.format(setting=setting), source, published, ours, verdict,
+                       reason))
+  return _finish(rows, result)
+
+
+# ----------------------------------------------------------------------------- all studies
+
+CLAIM_FUNCTIONS = {"cost": cost_claims, "approximation": approximation_claims,
+                   "mqar": mqar_claims, "synthetic": synthetic_claims, "lm": lm_claims,
+                   "listops": listops_claims}
+_TEMPLATES = {"cost": COST_CLAIMS, "approximation": APPROX_CLAIMS, "mqar": MQAR_CLAIMS,
+              "synthetic": SYN_CLAIMS, "lm": LM_CLAIMS, "listops": LISTOPS_CLAIMS}
+
+
+def _unmeasured(study: str, reason: str) -> list[dict]:
+  """One "not measured" row per claim of ``study`` (templates with their placeholders)."""
+  out = []
+  for claim, source, published in _TEMPLATES[study].values():
+    claim = claim.replace("{m}", "mamba").replace(" ({corpus})", "").replace(" ({setting})", "")
+    out.append(_row(study, claim, source, published, "-", NOT_MEASURED, reason))
+  return out
+
+
+def study_claims(study: str, result: dict | None) -> list[dict]:
+  """The rows of one study; "not measured" rows when ``result`` is None or of another format."""
+  if result is None:
+    return _unmeasured(study, "no results file: run the study")
+  try:
+    return CLAIM_FUNCTIONS[study](result)
+  except SchemaError as e:
+    return _unmeasured(study, f"results file in an older format: rerun the study ({e})")
+
+
+def load(results_dir: str, study: str) -> dict | None:
+  """``<results_dir>/<study>/<study>.json`` as a dict, or None when missing."""
+  path = os.path.join(results_dir, study, f"{study}.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def all_claims(results_dir: str = DEFAULT_RESULTS, studies=STUDIES) -> list[dict]:
+  """Every claim row of every study with results under ``results_dir`` (missing: not measured)."""
+  rows = []
+  for s in studies:
+    rows += study_claims(s, load(str(results_dir), s))
+  return rows
+
+
+def summary(rows: list[dict]) -> str:
+  """``12 claims: 3 reproduced, ...``."""
+  counts = [f"{sum(r['verdict'] == v for r in rows)} {v}" for v in VERDICTS]
+  return f"{len(rows)} claims: " + ", ".join(counts)
+
+
+WIDTHS = {"study": 13, "claim": 34, "source": 22, "published": 24, "ours": 44, "verdict": 13,
+          "reason": 34}
+
+
+def format_table(rows: list[dict], columns=COLUMNS, widths=None) -> str:
+  """A plain-text table with wrapped cells; a blank line between rows."""
+  widths = dict(WIDTHS, **(widths or {}))
+  head = "  ".join(c.ljust(widths[c]) for c in columns)
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    cells = [textwrap.wrap(str(r[c]), widths[c]) or [""] for c in columns]
+    for i in range(max(len(c) for c in cells)):
+      lines.append("  ".join((c[i] if i < len(c) else "").ljust(widths[k])
+                             for c, k in zip(cells, columns)).rstrip())
+    lines.append("")
+  return "\n".join(lines)
+
+
+def to_markdown(rows: list[dict], columns=COLUMNS) -> str:
+  """The rows as a Markdown table (for notebooks)."""
+  esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(esc(r[c]) for c in columns) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def sources(results_dir: str, studies=STUDIES) -> dict:
+  """Per study: whether results exist, their size (smoke or full), date and commit."""
+  out = {}
+  for s in studies:
+    res = load(str(results_dir), s)
+    env = (res or {}).get("environment", {})
+    out[s] = None if res is None else {"smoke": _smoke(res), "date_utc": env.get("date_utc"),
+                                       "git_commit": env.get("git_commit")}
+  return out
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--results", default=DEFAULT_RESULTS,
+                 help="results folder with <study>/<study>.json (default: results/studies)")
+  p.add_argument("--out", default=None, help="JSON to write (default: <results>/claims.json)")
+  a = p.parse_args(argv)
+  rows = all_claims(a.results)
+  print(format_table(rows))
+  print(summary(rows))
+  out = a.out or os.path.join(a.results, "claims.json")
+  doc = {"generated_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+             timespec="seconds"),
+         "rules": "see the docstring of experiments/claims.py",
+         "results": sources(a.results), "claims": rows}
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    json.dump(doc, f, indent=1)
+    f.write("\n")
+  print(f"wrote {out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,162 @@
+"""Reruns every study at full size, then re-executes every notebook in place.
+
+One command for the whole of ``results/studies/`` and ``notebooks/``:
+
+1. each study's command (the table below; the same as in
+   ``results/studies/README.md``), one after another, each writing
+   ``<results>/<study>/``. The training studies (mqar, synthetic, lm,
+   listops) reuse the finished runs under ``runs/studies/<study>/``, so an
+   interrupted rerun resumes where it stopped; cost and approximation are
+   measured afresh. A study that fails (or has a failed run) is reported and
+   the others still run;
+2. the claims table (``experiments/claims.py``): printed and written to
+   ``<results>/claims.json``;
+3. every notebook under ``notebooks/`` executed top to bottom (nbclient,
+   ``LA_RESULTS_DIR=<results>``) and saved in place, outputs included.
+   With ``--results`` other than ``results/studies`` the executed notebooks
+   go to ``<results>/notebooks/`` instead, so the committed ones keep the
+   committed results' outputs.
+
+Each study's output goes to ``runs/studies/logs/<study>.log``.
+
+    python experiments/run_studies.py                          # everything, full size
+    python experiments/run_studies.py --only mqar,synthetic    # two studies, then the notebooks
+    python experiments/run_studies.py --notebooks-only         # re-execute the notebooks
+    python experiments/run_studies.py --dry-run                # print the commands
+    python experiments/run_studies.py --smoke --results /tmp/la  # tiny, outside the repo
+
+The full sizes take hours on 2 CPU cores (the training studies about 90
+minutes each at most, cost about 25 minutes, approximation about 10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
+NOTEBOOKS = os.path.join(REPO_ROOT, "notebooks")
+LOGS = os.path.join(REPO_ROOT, "runs", "studies", "logs")
+
+# study -> its full-size command (arguments after the interpreter); each also takes --out and,
+# with --smoke, --smoke. Keep in step with results/studies/README.md.
+STUDIES = {
+    "cost": ("experiments/study_cost.py", "--cap", "20", "--seqs",
+             "1024,2048,4096,8192,16384,32768,65536,262144,1048576", "--positions",
+             "1024,4096,16384,65536,262144,1048576", "--mem-limit-gb", "6", "--shared-machine"),
+    "approximation": ("experiments/study_approximation.py",),
+    "mqar": ("experiments/study_mqar.py",),
+    "synthetic": ("experiments/study_synthetic.py",),
+    "lm": ("experiments/study_lm.py",),
+    "listops": ("experiments/study_listops.py",),
+}
+# The index last: it shows the claims of every study.
+NOTEBOOK_ORDER = ("cost", "approximation", "mqar", "synthetic", "lm", "listops", "index")
+
+
+def study_command(study: str, results: str, smoke: bool) -> list[str]:
+  """The command line that runs ``study`` into ``<results>/<study>``."""
+  args = list(STUDIES[study])
+  if smoke:  # the smoke size replaces the full size's own arguments
+    args = [args[0], "--smoke"]
+  return [sys.executable, *args, "--out", os.path.join(results, study)]
+
+
+def run_study(study: str, results: str, smoke: bool, dry_run: bool) -> tuple[int, float]:
+  """Runs one study; returns its exit status and wall time in seconds."""
+  cmd = study_command(study, results, smoke)
+  print(f"[{study}] {' '.join(cmd[1:])}", flush=True)
+  if dry_run:
+    return 0, 0.0
+  os.makedirs(LOGS, exist_ok=True)
+  log_path = os.path.join(LOGS, f"{study}{'-smoke' if smoke else ''}.log")
+  t0 = time.time()
+  with open(log_path, "w") as log:
+    rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+  dt = time.time() - t0
+  print(f"[{study}] exit {rc} after {dt / 60:.1f} min (log: {os.path.relpath(log_path, REPO_ROOT)})",
+        flush=True)
+  return rc, dt
+
+
+def execute_notebook(name: str, results: str, out_dir: str, timeout_s: int) -> str | None:
+  """Executes ``notebooks/<name>.ipynb`` against ``results``; returns an error, or None."""
+  import nbclient
+  import nbformat
+  path = os.path.join(NOTEBOOKS, f"{name}.ipynb")
+  nb = nbformat.read(path, as_version=4)
+  os.environ["LA_RESULTS_DIR"] = os.path.abspath(results)  # the kernel inherits it
+  client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                   resources={"metadata": {"path": NOTEBOOKS}})
+  error = None
+  try:
+    client.execute()
+  except Exception as e:  # noqa: BLE001 (any failing cell: report it, save what ran)
+    error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+  os.makedirs(out_dir, exist_ok=True)
+  nbformat.write(nb, os.path.join(out_dir, f"{name}.ipynb"))
+  return error
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="\n".join(__doc__.splitlines()[1:]))
+  p.add_argument("--only", help=f"comma-separated studies (default: all of {', '.join(STUDIES)})")
+  p.add_argument("--notebooks-only", action="store_true",
+                 help="run no study: only the claims table and the notebooks")
+  p.add_argument("--no-notebooks", action="store_true", help="run the studies only")
+  p.add_argument("--results", default=DEFAULT_RESULTS, help="results folder (default: "
+                 "results/studies)")
+  p.add_argument("--smoke", action="store_true",
+                 help="tiny sizes (needs --results outside results/studies)")
+  p.add_argument("--timeout", type=int, default=600, help="seconds per notebook cell")
+  p.add_argument("--dry-run", action="store_true", help="print the study commands, run nothing")
+  a = p.parse_args(argv)
+
+  results = os.path.abspath(a.results)
+  in_place = os.path.realpath(results) == os.path.realpath(DEFAULT_RESULTS)
+  if a.smoke and in_place:
+    p.error("--smoke would overwrite the committed results: give --results DIR")
+  studies = list(STUDIES) if not a.only else [s.strip() for s in a.only.split(",") if s.strip()]
+  unknown = [s for s in studies if s not in STUDIES]
+  if unknown:
+    p.error(f"unknown studies {unknown}; known: {list(STUDIES)}")
+
+  failed = []
+  t0 = time.time()
+  if not a.notebooks_only:
+    for s in studies:
+      rc, _ = run_study(s, results, a.smoke, a.dry_run)
+      if rc:
+        failed.append(f"study {s}: exit {rc}")
+  if a.dry_run:
+    return 0
+
+  sys.path.insert(0, REPO_ROOT)
+  from experiments import claims  # noqa: E402 (after the studies: they are the slow part)
+  claims.main(["--results", results])
+
+  if not a.no_notebooks:
+    out_dir = NOTEBOOKS if in_place else os.path.join(results, "notebooks")
+    on_disk = {f[:-len(".ipynb")] for f in os.listdir(NOTEBOOKS) if f.endswith(".ipynb")}
+    known = [n for n in NOTEBOOK_ORDER if n in on_disk and n != "index"]
+    names = known + sorted(on_disk - set(NOTEBOOK_ORDER)) + ["index"] * ("index" in on_disk)
+    for name in names:
+      t = time.time()
+      err = execute_notebook(name, results, out_dir, a.timeout)
+      print(f"[notebook {name}] {'ok' if err is None else err} ({time.time() - t:.0f}s) -> "
+            f"{os.path.relpath(os.path.join(out_dir, name + '.ipynb'), REPO_ROOT)}", flush=True)
+      if err:
+        failed.append(f"notebook {name}: {err}")
+  print(f"done after {(time.time() - t0) / 60:.1f} min"
+        + ("; failed:\n  " + "\n  ".join(failed) if failed else "; nothing failed"))
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,340 @@
+"""The claims table's verdict rules (``experiments/claims.py``) on small hand-made results.
+
+Every number here is chosen by the test to sit clearly on one side of a rule
+(accuracies with standard errors far from the thresholds), so a changed rule or
+a misread field shows up as a wrong verdict.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load_claims():
+  spec = importlib.util.spec_from_file_location("la_claims", REPO / "experiments" / "claims.py")
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = mod
+  spec.loader.exec_module(mod)
+  return mod
+
+
+claims = _load_claims()
+
+
+def by_claim(rows, text):
+  """The one row whose claim contains ``text``."""
+  hits = [r for r in rows if text in r["claim"]]
+  assert len(hits) == 1, (text, [r["claim"] for r in rows])
+  return hits[0]
+
+
+def test_rows_have_the_columns_and_a_valid_verdict():
+  rows = claims.lm_claims(lm_result({"softmax": 2.0, "gla": 2.01, "linear": 2.5}))
+  for r in rows:
+    assert tuple(r) == claims.COLUMNS
+    assert r["verdict"] in claims.VERDICTS
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_spearman():
+  assert claims.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+  assert claims.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+  # Ties share their average rank: x ranks (0, 1.5, 1.5, 3) against y ranks (0, 1, 2, 3).
+  assert claims.spearman([1, 5, 5, 9], [1, 2, 3, 4]) == pytest.approx(0.9486833, abs=1e-6)
+  assert claims.spearman([1, 2], [1, 2]) is None  # under 3 points
+  assert claims.spearman([1, 2, 3], [0.5, 0.5, 0.5]) is None  # constant accuracy
+
+
+def test_binomial_se():
+  assert claims.binomial_se(0.5, 100) == pytest.approx(0.05)
+  assert claims.binomial_se(1.0, 100) == 0.0
+  assert math.isnan(claims.binomial_se(0.5, 0))
+
+
+# ----------------------------------------------------------------------------- MQAR
+
+
+def mq_row(mixer, acc, t=64, d=64, conv=3, n=1000, state=None):
+  return {"mixer": mixer, "short_conv": conv, "seq_len": t, "num_kv_pairs": t // 16,
+          "d_model": d, "best_lr": 1e-3, "accuracy": acc, "se": claims.binomial_se(acc, n),
+          "test_queries": n, "state_floats": state or (4 * t * d if mixer == "softmax" else d * d),
+          "steps_run": 500, "num_params": 1000}
+
+
+def mq_result(table, smoke=False):
+  return {"config": {"smoke": smoke}, "table": table,
+          "budget": {"training_examples_max": 64_000, "fraction_of_paper_examples": 0.01}}
+
+
+def zoology_like():
+  """Softmax solves both settings; two recurrent mixers improve with width, below softmax."""
+  table = []
+  for t in (64, 128):
+    for d in (64, 128):
+      table.append(mq_row("softmax", 0.99, t, d))
+      table.append(mq_row("softmax", 0.30, t, d, conv=0))
+    table += [mq_row("gla", 0.40, t, 64), mq_row("gla", 0.80, t, 128),
+              mq_row("mamba", 0.20, t, 64), mq_row("mamba", 0.60, t, 128)]
+  return mq_result(table)
+
+
+def test_mqar_zoology_like_results():
+  rows = claims.mqar_claims(zoology_like())
+  assert by_claim(rows, "Attention solves")["verdict"] == claims.REPRODUCED
+  state = by_claim(rows, "larger state")
+  assert state["verdict"] == claims.IN_SHAPE  # a trend: never more than "in shape"
+  assert "4/4" in state["ours"]
+  assert by_claim(rows, "fall short")["verdict"] == claims.REPRODUCED
+  assert by_claim(rows, "short convolution")["verdict"] == claims.REPRODUCED
+
+
+def test_mqar_softmax_beaten_or_unlearned():
+  beaten = mq_result([mq_row("softmax", 0.60), mq_row("gla", 0.90), mq_row("mamba", 0.10)])
+  row = by_claim(claims.mqar_claims(beaten), "Attention solves")
+  assert row["verdict"] == claims.NOT_REPRODUCED and "gla" in row["reason"]
+  assert by_claim(claims.mqar_claims(beaten), "fall short")["verdict"] == claims.NOT_REPRODUCED
+  # Below SOLVED but above LEARNED, and nothing better: the ordering holds.
+  below = mq_result([mq_row("softmax", 0.70), mq_row("gla", 0.40)])
+  assert by_claim(claims.mqar_claims(below), "Attention solves")["verdict"] == claims.IN_SHAPE
+  # Below LEARNED: not reproduced even with nothing better.
+  low = mq_result([mq_row("softmax", 0.30), mq_row("gla", 0.28)])
+  assert by_claim(claims.mqar_claims(low), "Attention solves")["verdict"] == claims.NOT_REPRODUCED
+
+
+def test_mqar_state_size_against_the_trend():
+  # Accuracy falls as the state grows: negative correlation, no pair improves.
+  table = [mq_row("softmax", 0.99, d=d) for d in (64, 128)]
+  table += [mq_row("gla", 0.8, d=64), mq_row("gla", 0.5, d=128),
+            mq_row("mamba", 0.7, d=64), mq_row("mamba", 0.4, d=128)]
+  row = by_claim(claims.mqar_claims(mq_result(table)), "larger state")
+  assert row["verdict"] == claims.NOT_REPRODUCED
+  assert "0/2" in row["ours"]
+  # One recurrent point per setting: nothing to correlate.
+  few = mq_result([mq_row("softmax", 0.99), mq_row("gla", 0.5)])
+  assert by_claim(claims.mqar_claims(few), "larger state")["verdict"] == claims.NOT_MEASURED
+
+
+def test_mqar_gap_positive_but_not_significant():
+  table = [mq_row("softmax", 0.52, t=128, n=100), mq_row("gla", 0.50, t=128, n=100)]
+  row = by_claim(claims.mqar_claims(mq_result(table)), "fall short")
+  assert row["verdict"] == claims.IN_SHAPE
+
+
+def test_mqar_old_format_is_not_measured():
+  old = {"config": {"smoke": False}, "table": [{"mixer": "softmax", "d_model": 64, "acc_64": 0.1}]}
+  rows = claims.study_claims("mqar", old)
+  assert len(rows) == len(claims.MQAR_CLAIMS)
+  assert all(r["verdict"] == claims.NOT_MEASURED and "older format" in r["reason"] for r in rows)
+
+
+def test_smoke_results_say_so():
+  rows = claims.mqar_claims(dict(zoology_like(), config={"smoke": True}))
+  assert all(r["reason"].startswith("smoke-size results") for r in rows)
+
+
+# ----------------------------------------------------------------------------- synthetic
+
+
+def syn_result(copying, induction, train_len=256, lengths=(256, 512, 1024, 16384)):
+  """``copying``: {mixer: accuracy}; ``induction``: {mixer: {length: accuracy}}."""
+  n = 400
+  return {
+      "config": {"smoke": False, "induction": {"seq_len": train_len},
+                 "test_lengths": list(lengths)},
+      "budget": {"copying": {"seq_len": 256, "steps": 1000,
+                             "paper": {"seq_len": 4096, "steps": 400_000}},
+                 "induction": {"train_sequences": 6400, "fraction_of_paper_sequences": 0.008}},
+      "selective_copying": [{"overrides": {"model.mixer": m}, "test_accuracy": a,
+                             "test_tokens": 1024} for m, a in copying.items()],
+      "induction_heads": [{"overrides": {"model.mixer": m}, "status": "done",
+                           "extrapolation": [{"seq_len": t, "accuracy": a, "examples": n,
+                                              "se": claims.binomial_se(a, n)}
+                                             for t, a in accs.items()]}
+                          for m, accs in induction.items()],
+  }
+
+
+def test_synthetic_as_published():
+  res = syn_result({"mamba": 0.99, "s4d": 0.20, "softmax": 0.6},
+                   {"mamba": {256: 1.0, 512: 1.0, 1024: 0.99, 16384: 0.98},
+                    "softmax": {256: 1.0, 512: 0.7, 1024: 0.10, 16384: 0.05}})
+  rows = claims.synthetic_claims(res)
+  assert by_claim(rows, "Selective copying")["verdict"] == claims.REPRODUCED
+  assert by_claim(rows, "at the training length")["verdict"] == claims.REPRODUCED
+  assert by_claim(rows, "mamba extrapolates")["verdict"] == claims.REPRODUCED
+  assert not [r for r in rows if "mamba2" in r["claim"]]  # absent mixer: no row
+  rope = by_claim(rows, "RoPE")
+  assert rope["verdict"] == claims.REPRODUCED
+  for t in ("@256", "@1024", "@16384"):  # the training length, 4x and the longest
+    assert t in rope["ours"]
+
+
+def test_synthetic_partial_and_unlearned():
+  res = syn_result({"mamba": 0.60, "s4d": 0.40},
+                   {"mamba": {256: 0.30, 512: 0.20, 1024: 0.1, 16384: 0.1},
+                    "mamba2": {256: 0.97, 512: 0.9, 1024: 0.7, 16384: 0.6},
+                    "softmax": {256: 0.95, 512: 0.9, 1024: 0.70, 16384: 0.55}})
+  rows = claims.synthetic_claims(res)
+  assert by_claim(rows, "Selective copying")["verdict"] == claims.IN_SHAPE
+  assert by_claim(rows, "at the training length")["verdict"] == claims.NOT_REPRODUCED
+  mamba = by_claim(rows, "mamba extrapolates")
+  assert mamba["verdict"] == claims.NOT_MEASURED and "did not learn" in mamba["reason"]
+  assert by_claim(rows, "mamba2 extrapolates")["verdict"] == claims.IN_SHAPE
+  assert by_claim(rows, "RoPE")["verdict"] == claims.IN_SHAPE  # drops at 1024, stays >= 0.5
+
+
+def test_synthetic_no_gap_and_no_drop():
+  res = syn_result({"mamba": 0.50, "s4d": 0.49},
+                   {"softmax": {256: 0.9, 512: 0.9, 1024: 0.9, 16384: 0.9}})
+  rows = claims.synthetic_claims(res)
+  assert by_claim(rows, "Selective copying")["verdict"] == claims.NOT_REPRODUCED
+  assert by_claim(rows, "RoPE")["verdict"] == claims.NOT_REPRODUCED
+  assert by_claim(rows, "at the training length")["verdict"] == claims.NOT_MEASURED
+  unlearned = syn_result({}, {"softmax": {256: 0.1, 1024: 0.1}}, lengths=(256, 1024))
+  row = by_claim(claims.synthetic_claims(unlearned), "RoPE")
+  assert row["verdict"] == claims.NOT_MEASURED and "did not learn" in row["reason"]
+
+
+# ----------------------------------------------------------------------------- LM
+
+
+def lm_result(bpb, corpus="kjv"):
+  return {"config": {"smoke": False, "eval_batches": 2, "batch": 4, "seq_len": 32},
+          "training_tokens": 1000,
+          "table": [{"corpus": corpus, "mixer": m, "bits_per_byte": b} for m, b in bpb.items()]}
+
+
+def test_lm_rules():
+  rows = claims.lm_claims(lm_result({"softmax": 2.0, "gla": 2.03, "mamba": 1.9, "hawk": 2.2,
+                                     "linear": 2.3, "performer": 2.02}))
+  gated = by_claim(rows, "Gated")
+  assert gated["verdict"] == claims.REPRODUCED and "2/3" in gated["ours"]
+  assert by_claim(rows, "Ungated")["verdict"] == claims.IN_SHAPE  # performer within 0.05
+  rows = claims.lm_claims(lm_result({"softmax": 2.0, "gla": 2.2, "mamba": 2.04, "hawk": 2.3,
+                                     "linear": 2.4}))
+  assert by_claim(rows, "Gated")["verdict"] == claims.IN_SHAPE  # one of three within
+  assert by_claim(rows, "Ungated")["verdict"] == claims.REPRODUCED
+  rows = claims.lm_claims(lm_result({"softmax": 2.0, "gla": 2.2, "linear": 1.9}))
+  assert by_claim(rows, "Gated")["verdict"] == claims.NOT_REPRODUCED
+  assert by_claim(rows, "Ungated")["verdict"] == claims.NOT_REPRODUCED
+
+
+def test_lm_one_row_per_corpus_and_claim():
+  res = lm_result({"softmax": 2.0, "gla": 2.0, "linear": 2.5})
+  res["table"] += lm_result({"softmax": 3.0, "gla": 3.5}, corpus="code")["table"]
+  rows = claims.lm_claims(res)
+  assert [r["claim"].rsplit("(", 1)[1] for r in rows] == ["kjv)", "kjv)", "code)", "code)"]
+  assert by_claim(rows, "Ungated linear attention and Performer are clearly worse than "
+                        "softmax (code)")["verdict"] == claims.NOT_MEASURED
+
+
+# ----------------------------------------------------------------------------- ListOps
+
+
+def listops_result(acc, majority=0.15):
+  return {"config": {"smoke": False, "test_batches": 4, "batch": 100, "max_length": 128,
+                     "max_depth": 5, "steps": 400},
+          "majority_class_rate": majority,
+          "table": [{"mixer": m, "test_accuracy": a} for m, a in acc.items()]}
+
+
+def test_listops_rules():
+  rows = claims.listops_claims(listops_result({"softmax": 0.36, "linformer": 0.35,
+                                               "performer": 0.18}))
+  row = by_claim(rows, "do not beat")
+  assert row["verdict"] == claims.IN_SHAPE and "n=400" in row["ours"]  # 4 batches of 100
+  assert by_claim(rows, "Performer")["verdict"] == claims.IN_SHAPE
+  rows = claims.listops_claims(listops_result({"softmax": 0.36, "gla": 0.50, "performer": 0.35}))
+  assert by_claim(rows, "do not beat")["verdict"] == claims.NOT_REPRODUCED
+  assert by_claim(rows, "Performer")["verdict"] == claims.NOT_REPRODUCED
+  rows = claims.listops_claims(listops_result({"softmax": 0.36, "gla": 0.2}, majority=0.35))
+  assert all(r["verdict"] == claims.NOT_MEASURED for r in rows)
+
+
+# ----------------------------------------------------------------------------- cost
+
+
+def cost_result(lin, quad, lin_mem=1.0, quad_mem=2.0, lin_step=0.0, kv=1.0):
+  def s(case, time_slope, mem):
+    return {"case": case, "mode": "fwd", "n_points": 4, "T_range": [1024, 8192],
+            "time_slope": time_slope, "xla_mem_slope": mem}
+  return {"config": {"smoke": False, "positions": [1024, 65536]},
+          "slopes": [s("linear_chunk", lin, lin_mem), s("naive_softmax", quad, quad_mem),
+                     dict(s("linear_chunk", 3.0, 3.0), mode="fwdbwd")],  # ignored: forward only
+          "decode_slopes": {"linear_step": lin_step, "softmax_kv_cache": kv}}
+
+
+def test_cost_rules():
+  rows = claims.cost_claims(cost_result(1.05, 2.1))
+  assert [r["verdict"] for r in rows] == [claims.REPRODUCED] * 3
+  rows = claims.cost_claims(cost_result(1.0, 1.6, quad_mem=1.3, lin_step=0.4, kv=1.2))
+  assert by_claim(rows, "time")["verdict"] == claims.IN_SHAPE  # 1.6 outside, but 0.6 apart
+  assert by_claim(rows, "memory")["verdict"] == claims.NOT_REPRODUCED  # 0.3 apart
+  assert by_claim(rows, "decodes")["verdict"] == claims.IN_SHAPE
+  rows = claims.cost_claims(cost_result(None, 2.0, kv=None))
+  assert by_claim(rows, "time")["verdict"] == claims.NOT_MEASURED
+  assert by_claim(rows, "decodes")["verdict"] == claims.NOT_MEASURED
+
+
+# ----------------------------------------------------------------------------- approximation
+
+
+def approx_result(outcomes):
+  """``outcomes``: {setting: {claim: [outcome_log per m]}}."""
+  return {"config": {"smoke": False, "seeds": 5},
+          "comparison": {tag: {claim: [{"better": "a", "worse": "b", "m": 16 * (i + 1),
+                                        "outcome_log": o} for i, o in enumerate(outs)]
+                               for claim, outs in cl.items()}
+                         for tag, cl in outcomes.items()}}
+
+
+def test_approximation_rules():
+  rows = claims.approximation_claims(approx_result({
+      "s1": {"positive_vs_trig": ["holds", "holds", "unclear"],
+             "orthogonal_vs_iid": ["holds", "fails", "unclear"]},
+      "s2": {"positive_vs_trig": ["fails", "fails", "holds"],
+             "orthogonal_vs_iid": ["unclear", "unclear", "unclear"]}}))
+  v = {r["claim"]: r["verdict"] for r in rows}
+  positive = claims.APPROX_CLAIMS["positive_vs_trig"][0]
+  orthogonal = claims.APPROX_CLAIMS["orthogonal_vs_iid"][0]
+  assert v[positive.format(setting="s1")] == claims.REPRODUCED
+  assert v[positive.format(setting="s2")] == claims.NOT_REPRODUCED
+  assert v[orthogonal.format(setting="s1")] == claims.NOT_REPRODUCED  # holds == fails
+  assert v[orthogonal.format(setting="s2")] == claims.NOT_REPRODUCED  # all unclear
+  rows = claims.approximation_claims(approx_result({
+      "s": {"positive_vs_trig": ["holds", "holds", "fails"], "orthogonal_vs_iid": []}}))
+  assert by_claim(rows, "Positive")["verdict"] == claims.IN_SHAPE
+  assert by_claim(rows, "Orthogonal")["verdict"] == claims.NOT_MEASURED
+
+
+# ----------------------------------------------------------------------------- all studies
+
+
+def test_all_claims_and_cli(tmp_path, capsys):
+  (tmp_path / "lm").mkdir()
+  (tmp_path / "lm" / "lm.json").write_text(json.dumps(lm_result({"softmax": 2.0, "gla": 2.0})))
+  (tmp_path / "mqar").mkdir()
+  (tmp_path / "mqar" / "mqar.json").write_text(json.dumps(zoology_like()))
+  rows = claims.all_claims(tmp_path)
+  assert {r["study"] for r in rows} == set(claims.STUDIES)
+  assert all(r["verdict"] in claims.VERDICTS for r in rows)
+  missing = [r for r in rows if r["study"] == "listops"]
+  assert missing and all(r["verdict"] == claims.NOT_MEASURED
+                         and "no results file" in r["reason"] for r in missing)
+  assert claims.main(["--results", str(tmp_path)]) == 0
+  doc = json.loads((tmp_path / "claims.json").read_text())
+  assert doc["claims"] == rows
+  assert doc["results"]["lm"]["smoke"] is False and doc["results"]["cost"] is None
+  out = capsys.readouterr().out
+  assert "verdict" in out and claims.summary(rows) in out
+  assert claims.to_markdown(rows).count("\n") == len(rows) + 1
