@@ -445,10 +445,13 @@ def synthetic_claims(result: dict) -> list[dict]:
     others = [m for m in ("softmax", "mamba2") if m in ext and at(m, train_len)]
     ours = f"mamba @{train_len} {_acc(p, se, n)}" + "".join(
         f"; {m} {_acc(*at(m, train_len))}" for m in others)
-    verdict = REPRODUCED if p >= SOLVED else IN_SHAPE if p >= LEARNED else NOT_REPRODUCED
-    add("train_len", ours, verdict,
-        f"{'>=' if p >= SOLVED else '<'} {SOLVED}"
-        + (f", >= {LEARNED}" if LEARNED <= p < SOLVED else "") + f"; {ibudget}")
+    if p >= SOLVED:
+      add("train_len", ours, REPRODUCED, f">= {SOLVED}; {ibudget}")
+    elif p >= LEARNED:
+      add("train_len", ours, IN_SHAPE, f"learned (>= {LEARNED}), not solved (< {SOLVED}); "
+          f"{ibudget}")
+    else:
+      add("train_len", ours, NOT_REPRODUCED, f"not learned (< {LEARNED}); {ibudget}")
 
   # Extrapolation of the selective models.
   for m in SELECTIVE:

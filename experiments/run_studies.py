@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -96,7 +97,8 @@ def execute_notebook(name: str, results: str, out_dir: str, timeout_s: int) -> s
   try:
     client.execute()
   except Exception as e:  # noqa: BLE001 (any failing cell: report it, save what ran)
-    error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # no terminal colours
+    error = f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
   os.makedirs(out_dir, exist_ok=True)
   nbformat.write(nb, os.path.join(out_dir, f"{name}.ipynb"))
   return error

@@ -10,14 +10,21 @@ The kernel is ``python3``: jupyter_client starts a spec whose command is
 spec itself when ipykernel is importable, so the venv running pytest is the
 one the notebooks run in.
 
+The claims table (``experiments/claims.py``) is checked on the same smoke
+results: every study yields claim rows with a valid verdict, read from the
+format its script writes today (a study whose JSON drifts from what the claims
+read shows up as "older format"), and every notebook shows the table.
+
 To add a study, append a :class:`Study` to ``STUDIES``; the index notebook
-must link its notebook. Training studies get a fresh ``--runs`` folder too, so
-that no finished run of an earlier session is reused.
+must link its notebook, and ``experiments/claims.py`` needs its claims.
+Training studies get a fresh ``--runs`` folder too, so that no finished run of
+an earlier session is reused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
@@ -34,6 +41,17 @@ pytest.importorskip("matplotlib")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 STUDY_TIMEOUT_S = 600  # all studies at once on 2 cores
+
+
+def _load_claims():
+  spec = importlib.util.spec_from_file_location("la_claims", REPO / "experiments" / "claims.py")
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = mod
+  spec.loader.exec_module(mod)
+  return mod
+
+
+claims = _load_claims()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +116,28 @@ def _outputs(nb, kind):
           if o.get("output_type") == kind]
 
 
+def _claims_tables(nb):
+  """The Markdown claims tables the notebook displayed (``claims.to_markdown``)."""
+  header = "| " + " | ".join(claims.COLUMNS) + " |"
+  tables = ["".join(o["data"]["text/markdown"]) for o in _outputs(nb, "display_data")
+            if "text/markdown" in o.get("data", {})]
+  return [t for t in tables if t.startswith(header)]
+
+
+def test_claims_on_smoke_results(smoke_results):
+  rows = claims.all_claims(smoke_results)
+  for s in STUDIES:
+    mine = [r for r in rows if r["study"] == s.name]
+    assert mine, f"no claims for {s.name}"
+    for r in mine:
+      assert tuple(r) == claims.COLUMNS
+      assert r["verdict"] in claims.VERDICTS, r
+      assert "no results file" not in r["reason"], r
+      # The claims read the format the study writes today.
+      assert "older format" not in r["reason"], r
+      assert r["reason"].startswith("smoke-size results"), r
+
+
 @pytest.mark.parametrize("study", STUDIES, ids=[s.name for s in STUDIES])
 def test_study_notebook_runs_on_smoke_results(study, smoke_results, monkeypatch):
   result = json.loads((smoke_results / study.name / study.result_file).read_text())
@@ -107,6 +147,9 @@ def test_study_notebook_runs_on_smoke_results(study, smoke_results, monkeypatch)
   assert images, f"{study.notebook} drew no figure"
   text = "".join(o["text"] for o in _outputs(nb, "stream"))
   assert str(smoke_results) in text, "the notebook did not read LA_RESULTS_DIR"
+  tables = _claims_tables(nb)
+  assert tables, f"{study.notebook} shows no claims table"
+  assert f"| {study.name} |" in tables[-1]
 
 
 def test_index_links_every_notebook_and_runs(smoke_results, monkeypatch):
@@ -120,3 +163,7 @@ def test_index_links_every_notebook_and_runs(smoke_results, monkeypatch):
   for s in STUDIES:
     status = [l for l in lines if l.split(" ", 1)[0] == s.name]
     assert status and "smoke" in status[0], f"index.ipynb does not see {s.name}: {status}"
+  tables = _claims_tables(nb)
+  assert tables, "index.ipynb shows no claims table"
+  for s in STUDIES:
+    assert f"| {s.name} |" in tables[-1], f"index.ipynb's claims table lacks {s.name}"
