@@ -119,6 +119,11 @@ def test_mqar_state_size_against_the_trend():
   row = by_claim(claims.mqar_claims(mq_result(table)), "larger state")
   assert row["verdict"] == claims.NOT_REPRODUCED
   assert "0/2" in row["ours"]
+  # A mixer solved at both widths cannot improve: left out of the pairs, counted aside.
+  table += [mq_row("deltanet", 0.99, d=64), mq_row("deltanet", 0.99, d=128),
+            mq_row("hawk", 0.3, d=64), mq_row("hawk", 0.6, d=128)]
+  row = by_claim(claims.mqar_claims(mq_result(table)), "larger state")
+  assert "1/3" in row["ours"] and "1 more solved at both widths" in row["ours"]
   # One recurrent point per setting: nothing to correlate.
   few = mq_result([mq_row("softmax", 0.99), mq_row("gla", 0.5)])
   assert by_claim(claims.mqar_claims(few), "larger state")["verdict"] == claims.NOT_MEASURED
