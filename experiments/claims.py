@@ -200,9 +200,9 @@ def spearman(x: list[float], y: list[float]) -> float | None:
   return sxy / math.sqrt(sxx * syy)
 
 
-def _acc(p: float, se: float, n: int | None = None) -> str:
-  """``0.987 ± 0.004`` (n=1,024)."""
-  return f"{p:.3f} ± {se:.3f}" + (f" (n={n:,})" if n else "")
+def _acc(p: float, se: float, n: int | None = None, unit: str = "") -> str:
+  """``0.987 ± 0.004 (n=1,024)``; ``unit`` names the items (``"tokens"``)."""
+  return f"{p:.3f} ± {se:.3f}" + (f" (n={n:,}{' ' + unit if unit else ''})" if n else "")
 
 
 def _smoke(result: dict) -> bool:
@@ -391,6 +391,8 @@ def synthetic_claims(result: dict) -> list[dict]:
 
   def add(key, ours, verdict, reason, **fmt):
     claim, source, published = SYN_CLAIMS[key]
+    if fmt.get("m", "mamba") != "mamba":
+      published += f"; {fmt['m']} is not in the paper"
     rows.append(_row(study, claim.format(**fmt), source, published, ours, verdict, reason))
 
   # Selective copying.
@@ -410,7 +412,7 @@ def synthetic_claims(result: dict) -> list[dict]:
         NOT_MEASURED, f"no finished {', '.join(missing)} run; {cbudget}")
   else:
     (pm, sm, nm), (ps, ss, ns) = copying["mamba"], copying["s4d"]
-    ours = f"mamba {_acc(pm, sm, nm)}; s4d {_acc(ps, ss, ns)} (tokens)"
+    ours = f"mamba {_acc(pm, sm, nm, 'tokens')}; s4d {_acc(ps, ss, ns, 'tokens')}"
     if pm >= SOLVED and ps < LEARNED:
       add("copying", ours, REPRODUCED, f"mamba >= {SOLVED}, s4d < {LEARNED}; {cbudget}")
     elif significant(pm - ps, diff_se(sm, ss)):
