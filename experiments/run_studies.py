@@ -84,13 +84,20 @@ def run_study(study: str, results: str, smoke: bool, dry_run: bool) -> tuple[int
   return rc, dt
 
 
-def execute_notebook(name: str, results: str, out_dir: str, timeout_s: int) -> str | None:
-  """Executes ``notebooks/<name>.ipynb`` against ``results``; returns an error, or None."""
+def execute_notebook(name: str, results: str | None, out_dir: str,
+                     timeout_s: int) -> str | None:
+  """Executes ``notebooks/<name>.ipynb`` against ``results``; returns an error, or None.
+
+  ``results`` None: the notebooks' own default, the committed ``../results/studies``.
+  """
   import nbclient
   import nbformat
   path = os.path.join(NOTEBOOKS, f"{name}.ipynb")
   nb = nbformat.read(path, as_version=4)
-  os.environ["LA_RESULTS_DIR"] = os.path.abspath(results)  # the kernel inherits it
+  if results is None:  # the kernel inherits the environment
+    os.environ.pop("LA_RESULTS_DIR", None)
+  else:
+    os.environ["LA_RESULTS_DIR"] = os.path.abspath(results)
   client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
                                    resources={"metadata": {"path": NOTEBOOKS}})
   error = None
@@ -150,7 +157,7 @@ def main(argv=None) -> int:
     names = known + sorted(on_disk - set(NOTEBOOK_ORDER)) + ["index"] * ("index" in on_disk)
     for name in names:
       t = time.time()
-      err = execute_notebook(name, results, out_dir, a.timeout)
+      err = execute_notebook(name, None if in_place else results, out_dir, a.timeout)
       print(f"[notebook {name}] {'ok' if err is None else err} ({time.time() - t:.0f}s) -> "
             f"{os.path.relpath(os.path.join(out_dir, name + '.ipynb'), REPO_ROOT)}", flush=True)
       if err:
