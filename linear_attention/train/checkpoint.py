@@ -39,6 +39,16 @@ def _first_line(error: BaseException) -> str:
   return f"{type(error).__name__}: {first[:160]}".rstrip(": ")
 
 
+def newest_step_on_disk(workdir: str) -> int | None:
+  """The newest finished checkpoint's step in ``workdir`` without opening a manager (which
+  would create the directory); None when there is none."""
+  try:
+    names = os.listdir(os.path.join(workdir, CHECKPOINT_DIR))
+  except OSError:
+    return None
+  return max((int(n) for n in names if n.isdigit()), default=None)
+
+
 def _wait_until_quiet(stream: io.StringIO, quiet_s: float = 0.2, limit_s: float = 3.0) -> None:
   """Waits until nothing was written to ``stream`` for ``quiet_s`` (at most ``limit_s``)."""
   deadline = time.monotonic() + limit_s

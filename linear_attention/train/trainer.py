@@ -329,12 +329,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
                                   getattr(ds, "max_targets_per_row", None))
 
   tcfg = config.train
+  # Compared before anything is written: a refused change leaves the workdir as it was.
+  changed = rundir.check_rerun_config(workdir, config, ckpt_lib.newest_step_on_disk(workdir))
   ckpt = ckpt_lib.Checkpointer(workdir, tcfg.checkpoint_every, tcfg.keep_checkpoints,
                                tcfg.async_checkpoints)
   try:
     latest = ckpt.latest_step() or 0
-    # Compared before anything is written: a refused change leaves config.json as it was.
-    changed = rundir.check_rerun_config(workdir, config, latest or None)
     done_before = load_final_metrics(workdir) if lead else None
     finished = done_before is not None and not changed and (
         (latest >= total and done_before.get("step") == total)
