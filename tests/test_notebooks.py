@@ -24,6 +24,7 @@ an earlier session is reused.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import importlib.util
 import json
 import os
@@ -76,10 +77,8 @@ STUDIES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smoke_results(tmp_path_factory):
-  """Runs every study's smoke size concurrently; returns the results folder."""
-  root = tmp_path_factory.mktemp("studies")
+def _run_smoke_studies(root: pathlib.Path) -> list[str]:
+  """Runs every study's smoke size concurrently into ``root``; returns the failures."""
   procs = {}
   for s in STUDIES:
     log = open(root / f"{s.name}.log", "w")
@@ -97,6 +96,29 @@ def smoke_results(tmp_path_factory):
     log.close()
     if rc != 0:
       failed.append(f"{name}: {rc}\n" + (root / f"{name}.log").read_text()[-2000:])
+  return failed
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+  """Runs every study's smoke size concurrently, once per session; returns the results folder.
+
+  Under pytest-xdist every worker that runs a test of this file asks for this fixture; the
+  first one runs the studies in the session's shared temporary folder (the parent of the
+  workers' own) while holding a lock, the others wait for it and reuse the results (and its
+  failures), so the studies run once, not once per worker.
+  """
+  shared = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    shared = shared.parent
+  root = shared / "notebook-studies"
+  with open(shared / "notebook-studies.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    status = root / "status.json"
+    if not status.exists():
+      root.mkdir(exist_ok=True)
+      status.write_text(json.dumps({"failed": _run_smoke_studies(root)}))
+    failed = json.loads(status.read_text())["failed"]
   assert not failed, "smoke studies failed:\n" + "\n".join(failed)
   return root
 
