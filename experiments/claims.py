@@ -16,7 +16,11 @@ claim rows, dicts with the keys of ``COLUMNS``:
 Verdicts come from the rules below, applied to the numbers in the JSON; none
 is written per result. "SE" is a standard error; a difference between two
 independent accuracies is *significant* when it exceeds ``Z = 2`` times the
-standard error of the difference, ``sqrt(se_a**2 + se_b**2)``.
+standard error of the difference, ``sqrt(se_a**2 + se_b**2)``. The binomial
+SE counts every scored item as independent; the queries of one MQAR sequence
+and the copied tokens of one selective-copying sequence are not, so there it
+understates the uncertainty somewhat (the induction-heads test scores one
+item per sequence, so its SE is exact).
 
 MQAR (Zoology, Arora et al. 2023, figure 2); points are the best-learning-rate
 rows of ``table``; *recurrent* = not softmax, with the short convolution:
