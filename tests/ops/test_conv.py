@@ -104,3 +104,17 @@ def test_bad_inputs():
     causal_conv1d(x, weight, activation="relu")
   with pytest.raises(ValueError, match="^state"):
     causal_conv1d_step(x[:, 0], past[:, :1], weight)
+
+
+@pytest.mark.parametrize("last", [1, 2])
+def test_state_of_a_last_segment_shorter_than_the_window_reads_zeros_before_it(last):
+  # Window 4 keeps 3 inputs: a last segment of 1 or 2 tokens must not hand the previous
+  # segment's inputs to the decoder (the state is the separate call's, zeros in front).
+  lengths = [5, last]
+  x, weight, bias, past = inputs(6, sum(lengths))
+  seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None].repeat(2, 0))
+  _, state = causal_conv1d(x, weight, bias, initial_state=past, return_state=True,
+                           segment_ids=seg)
+  _, alone = causal_conv1d(x[:, -last:], weight, bias, return_state=True)
+  assert_close(state, alone, 1e-6, 1e-6)
+  np.testing.assert_array_equal(np.asarray(state[:, :3 - last]), 0.0)
