@@ -126,11 +126,11 @@ def _linear_case(form):
   return build
 
 
-def _softmax_case(implementation):
+def _softmax_case(algorithm):
   def build(t, rng, sz):
     from linear_attention import ops
     q, k, v = _normal(rng, 3, (B, t, H, D))
-    fn = lambda q, k, v: ops.softmax_attention(q, k, v, causal=True, implementation=implementation)
+    fn = lambda q, k, v: ops.softmax_attention(q, k, v, causal=True, algorithm=algorithm)
     return fn, (q, k, v)
 
   return build

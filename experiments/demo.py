@@ -63,7 +63,7 @@ def cases(b, t, h, d, key):
     }, (q, k, v)))
   out.append(("softmax attention (causal)", {
       impl: (lambda q, k, v, impl=impl: ops.softmax_attention(
-          q, k, v, causal=True, implementation=impl)) for impl in ("naive", "blockwise")
+          q, k, v, causal=True, algorithm=impl)) for impl in ("naive", "blockwise")
   }, (q, k, v)))
   return out
 

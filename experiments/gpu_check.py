@@ -19,8 +19,13 @@ recorded and the others still run):
    the XLA chunk form and, when ``fla`` (wheel ``fla-core``) imports,
    flash-linear-attention's ``chunk_gla`` through torch.
 2. ``scan``: the linear-scan kernel vs ``ops.linear_scan`` and timings.
-3. ``flash``: :func:`flash_section` (flash attention; filled in by its kernel's
-   author).
+3. ``flash``: flash attention (``experiments/gpu_check_flash.py``) vs cuDNN
+   and XLA, with float32 checks against the naive softmax.
+
+At the end it says which ``implementation=None`` default the run has verified
+on this device: when every section's checks pass on a GPU, the line to put in
+``linear_attention/kernels/dispatch.py`` (``PALLAS_DEFAULT_BACKENDS``); until
+someone does, ``None`` stays XLA.
 
 Achieved TFLOP/s count the chunk algorithm's matmul FLOPs (see
 :func:`chunk_flops`), the same count for every implementation, so the TFLOP/s
@@ -38,6 +43,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -45,7 +51,10 @@ import numpy as np  # noqa: E402
 
 from linear_attention import ops  # noqa: E402
 from linear_attention.kernels import chunk_decay as cd  # noqa: E402
+from linear_attention.kernels import dispatch  # noqa: E402
 from linear_attention.kernels import scan as scan_kernel  # noqa: E402
+
+import gpu_check_flash  # noqa: E402  (beside this file)
 
 
 def timeit(fn, *args, reps: int = 10) -> float:
@@ -90,7 +99,7 @@ def chunk_decay_section(args) -> dict:
   smoke = args.smoke
   out = {"checks": {}, "timings": {}}
   b, t, h, dk, dv = (1, 40, 2, 16, 32) if smoke else (2, 1000, 4, 64, 128)
-  bs = cd.BlockSizes(chunk=32, sub_chunk=16, block_v=16) if smoke else None
+  bs = cd.ChunkDecayBlockSizes(chunk=32, sub_chunk=16, block_v=16) if smoke else None
   for decay in ("none", "scalar", "vector"):
     q, k, v, g, s0 = _inputs(b, t, h, dk, dv, decay, jnp.float32)
     kern = jax.jit(lambda q, k, v, g, s0: cd.chunk_decay_attention(
@@ -210,15 +219,40 @@ def scan_section(args) -> dict:
 # ---------------------------------------------------------------- flash attention
 
 
-def flash_section(args) -> dict:
-  """Flash attention vs cuDNN and XLA: to be filled in by the flash kernel's author.
+# Float32 agreement of the kernel with the naive softmax (max abs error; inputs
+# are unit normals, T <= 1024): the forward is exact to rounding, gradients sum
+# over T keys.
+FLASH_TOLERANCE = {"max_abs_err_fwd_vs_naive_f32": 1e-3, "max_abs_err_grads_vs_naive_f32": 1e-2}
 
-  Contract: return a JSON-able dict with ``checks`` (max relative errors and
-  an ``ok`` flag) and ``timings`` (ms and TFLOP/s per implementation), running
-  a tiny interpret-mode version when ``args.smoke``.
-  """
-  del args
-  return {"skipped": "flash attention section not written yet"}
+
+def flash_section(args) -> dict:
+  """Flash attention vs cuDNN and XLA (``gpu_check_flash.flash_section``), plus an
+  ``ok`` flag from its float32 errors and the kernel having compiled and run."""
+  out = gpu_check_flash.flash_section(args)
+  errs = {name: out[name] for name in FLASH_TOLERANCE if name in out}
+  errs["ok"] = bool("pallas" not in out["errors"] and len(errs) == len(FLASH_TOLERANCE)
+                    and all(errs[n] <= tol for n, tol in FLASH_TOLERANCE.items()))
+  out["checks"] = {"float32": errs}
+  return out
+
+
+def verified_default(result: dict, smoke: bool) -> str:
+  """The ``implementation=None`` default this run has verified, as a sentence."""
+  if smoke or result["backend"] != "gpu":
+    return ("implementation=None default: nothing verified (smoke run, or no GPU); it stays "
+            f"XLA everywhere (PALLAS_DEFAULT_BACKENDS = {dispatch.PALLAS_DEFAULT_BACKENDS}).")
+  bad = [name for name in SECTIONS
+         if "error" in result.get(name, {})
+         or any(isinstance(c, dict) and c.get("ok") is False
+                for c in result.get(name, {}).get("checks", {}).values())
+         or not result.get(name, {}).get("checks")]
+  device = result["devices"][0] if result["devices"] else "this GPU"
+  if bad:
+    return (f"implementation=None default: NOT verified on {device}: {', '.join(bad)} failed; "
+            "keep PALLAS_DEFAULT_BACKENDS = () (XLA on GPU).")
+  return (f"implementation=None default: verified on {device} (chunk decay, linear scan and "
+          "flash attention agree with XLA): set PALLAS_DEFAULT_BACKENDS = (\"gpu\",) in "
+          "linear_attention/kernels/dispatch.py to make the kernels the GPU default.")
 
 
 # --------------------------------------------------------------------------- main
@@ -255,10 +289,12 @@ def main(argv=None) -> int:
     checks = result[name].get("checks", {})
     failed |= any(isinstance(c, dict) and c.get("ok") is False for c in checks.values())
   result["total_seconds"] = time.perf_counter() - start
+  result["verified_default"] = verified_default(result, args.smoke)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
   print(f"wrote {args.out} in {result['total_seconds']:.0f}s; {'FAILED' if failed else 'ok'}")
+  print(result["verified_default"])
   return 1 if failed else 0
 
 

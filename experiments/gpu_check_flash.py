@@ -19,7 +19,6 @@ Needs only jax (no ml-collections).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -31,9 +30,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from linear_attention.kernels import dispatch  # pylint: disable=g-import-not-at-top
+from linear_attention.kernels import flash_attention as fa  # pylint: disable=g-import-not-at-top
 from linear_attention.ops import softmax_attention  # pylint: disable=g-import-not-at-top
-
-fa = importlib.import_module("linear_attention.kernels.flash_attention")
 
 
 def _time(fn, *args, repeats: int) -> float:
@@ -59,10 +58,10 @@ def _max_err(a, b) -> float:
 
 def flash_section(args=None) -> dict:
   """Runs the flash-attention check; returns a JSON-ready dict (see module doc)."""
-  smoke = bool(getattr(args, "smoke", False)) or fa.default_backend() != "gpu"
+  smoke = bool(getattr(args, "smoke", False)) or dispatch.current_platform() != "gpu"
   if smoke:
     b, t, h, d, repeats, interpret = 1, 100, 2, 32, 1, True
-    blocks = fa.BlockSizes(32, 32, 32, 32, 32, 32)
+    blocks = fa.FlashBlockSizes(32, 32, 32, 32, 32, 32)
   else:
     b, t, h, d, repeats, interpret = 4, 8192, 16, 128, 5, False
     blocks = None
@@ -104,11 +103,11 @@ def flash_section(args=None) -> dict:
   qs, ks, vs = (x[:1, :ts].astype(jnp.float32) for x in (q, k, v))
   g = _fwd_bwd(impls["pallas"])(qs, ks, vs)
   g_ref = _fwd_bwd(lambda q, k, v: softmax_attention(q, k, v, causal=causal,
-                                                     implementation="naive"))(qs, ks, vs)
+                                                     algorithm="naive"))(qs, ks, vs)
   out["max_abs_err_grads_vs_naive_f32"] = max(_max_err(a, e) for a, e in zip(g, g_ref))
   out["max_abs_err_fwd_vs_naive_f32"] = _max_err(
       impls["pallas"](qs, ks, vs), softmax_attention(qs, ks, vs, causal=causal,
-                                                     implementation="naive"))
+                                                     algorithm="naive"))
   ms = out["ms"]
   for other in ("cudnn", "xla"):
     for kind in ("fwd", "fwd_bwd"):

@@ -142,7 +142,7 @@ def run(length: int, dim: int, seeds: int, feature_counts: list[int], causal_mod
   rows, exact_var, nonfinite, settings = [], {}, 0, []
   for causal in causal_modes:
     exact = jax.jit(lambda q, k, v: ops.softmax_attention(
-        q, k, v, causal=causal, implementation="naive"))
+        q, k, v, causal=causal, algorithm="naive"))
     fns = {(vname, m): approx_fn(vname, m, causal, chunk_size)
            for vname in VARIANTS for m in feature_counts}
     fns[("elu", None)] = approx_fn("elu", None, causal, chunk_size)

@@ -137,11 +137,10 @@ def _sliding(t, key):
           _qkv(key, t))
 
 
-def _softmax(implementation):
+def _softmax(algorithm):
   def build(t, key):
     from linear_attention import ops
-    fn = lambda q, k, v: ops.softmax_attention(q, k, v, causal=True,
-                                               implementation=implementation)
+    fn = lambda q, k, v: ops.softmax_attention(q, k, v, causal=True, algorithm=algorithm)
     return fn, _qkv(key, t)
   return build
 

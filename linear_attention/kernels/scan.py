@@ -20,7 +20,8 @@ over the output gradient: ``g_t = dh_t + a_{t+1} g_{t+1}``, then
 ``reverse``). The forward keeps ``h`` in float32 for ``da``.
 
 Real float32/bfloat16/float16 only (complex ``a`` goes to XLA); the carry and
-``h`` are float32. ``segment_ids`` are handled by the caller by zeroing ``a``
+``h`` are float32; on TPU 16-bit inputs are read as float32 (see
+``_linear_scan``). ``segment_ids`` are handled by the caller by zeroing ``a``
 at segment starts (``ops.scan.linear_scan`` does), so the kernel needs nothing.
 """
 
@@ -35,14 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from linear_attention.kernels.chunk_decay import (
-    SUPPORTED_DTYPES,
-    _next_pow2,
-    _round_up,
-    resolve_implementation,
-    resolve_launch,
-    triton_compiler_params,
-)
+from linear_attention.kernels import dispatch
 from linear_attention.ops import common
 
 Array = jax.Array
@@ -64,8 +58,15 @@ class ScanBlockSizes:
     for name in ("block_d", "chunk"):
       common.check_positive_int(f"block_sizes.{name}", getattr(self, name))
 
-  def check(self, platform: str) -> None:
-    """Raises unless the sizes suit ``platform``'s compiler."""
+  @classmethod
+  def default(cls, platform: str) -> "ScanBlockSizes":
+    """The default tiling for ``platform``."""
+    del platform
+    return cls()
+
+  def check(self, platform: str, interpret=False) -> None:
+    """Raises unless the sizes suit ``platform``'s compiler (in any interpret mode too)."""
+    del interpret
     if platform == "tpu" and self.chunk % 8:
       raise ValueError(f"block_sizes.chunk must be a multiple of 8 on TPU, got {self.chunk}.")
 
@@ -123,7 +124,7 @@ def _scan_call(cfg: _Config, a, b, h0):
     return pl.pallas_call(
         functools.partial(_gpu_kernel, cfg=cfg, t=tp), grid=(bsz, dp // bd),
         in_specs=[rows, rows, one], out_specs=[rows, one], out_shape=out_shape,
-        compiler_params=triton_compiler_params(), interpret=cfg.interpret,
+        compiler_params=dispatch.triton_compiler_params(), interpret=cfg.interpret,
         name="linear_scan")(a, b, h0)
   n = tp // cfg.chunk
   ch = (lambda k: n - 1 - k) if cfg.reverse else (lambda k: k)
@@ -174,12 +175,7 @@ _core.defvjp(_core_fwd, _core_bwd)
 
 def unsupported_arguments(a, b, h0=None) -> dict[str, str]:
   """``{argument: why}`` for the arguments this kernel cannot take (empty: all fine)."""
-  bad = {}
-  ok = [jnp.dtype(d) for d in SUPPORTED_DTYPES]
-  for name, x in (("a", a), ("b", b), ("h0", h0)):
-    if x is not None and jnp.result_type(x) not in ok:
-      bad[name] = f"dtype {jnp.result_type(x)} (the kernel takes real float32, bfloat16 or float16)"
-  return bad
+  return dispatch.unsupported_dtypes(a=a, b=b, h0=h0)
 
 
 def linear_scan(
@@ -205,10 +201,11 @@ def linear_scan(
     reverse: run from the end: ``h_t = a_t * h_{t+1} + b_t``.
     return_state: also return the final state (float32 ``[B, ...]``).
     block_sizes: the tiling (:class:`ScanBlockSizes`).
-    platform: ``"gpu"`` (Triton) or ``"tpu"`` (Mosaic); ``None``: TPU on TPU,
-      else GPU.
-    interpret: ``None``: interpret mode unless running on ``platform``; or
-      ``True`` / ``pltpu.InterpretParams()`` explicitly.
+    platform: ``"gpu"`` (Triton) or ``"tpu"`` (Mosaic); ``None``: the platform
+      of the device the call compiles for, GPU on CPU.
+    interpret: ``None``: native when compiling for ``platform``, else interpret
+      mode; ``False`` always compiles for ``platform`` (also for a compile-only
+      device); or ``True`` / ``pltpu.InterpretParams()`` explicitly.
 
   Returns:
     ``h`` ``[B, T, ...]`` in the dtype of ``b``, or ``(h, state)``.
@@ -219,7 +216,7 @@ def linear_scan(
   common.check_shape("a", a, b.shape, "the shape of b; a is never broadcast")
   if h0 is not None:
     common.check_shape("h0", h0, (b.shape[0],) + b.shape[2:], "[B, ...] as b without T")
-  platform, block_sizes, interpret = resolve_launch(
+  platform, block_sizes, interpret = dispatch.resolve_launch(
       "the Pallas linear_scan", unsupported_arguments(a, b, h0), platform, block_sizes,
       ScanBlockSizes, interpret)
   h, state = _linear_scan(a, b, h0, reverse=bool(reverse), block_sizes=block_sizes,
@@ -230,18 +227,25 @@ def linear_scan(
 @functools.partial(jax.jit, static_argnames=("reverse", "block_sizes", "platform", "interpret"))
 def _linear_scan(a, b, h0, *, reverse, block_sizes, platform, interpret):
   bsz, t = b.shape[:2]
+  out_dtype = b.dtype
   rest = b.shape[2:]
   d = max(1, int(jnp.size(b) // max(bsz * t, 1)))
   if platform == "gpu":
-    bd = min(_next_pow2(block_sizes.block_d), _next_pow2(d))
-    dp, tp = _round_up(d, bd), t
+    bd = min(dispatch.next_pow2(block_sizes.block_d), dispatch.next_pow2(d))
+    dp, tp = dispatch.round_up(d, bd), t
   else:
-    dp = d if d <= 128 else _round_up(d, 128)
-    bd = min(_round_up(block_sizes.block_d, 128), dp) if dp % 128 == 0 else dp
-    dp = _round_up(dp, bd)
-    tp = _round_up(t, block_sizes.chunk)
+    dp = d if d <= 128 else dispatch.round_up(d, 128)
+    bd = min(dispatch.round_up(block_sizes.block_d, 128), dp) if dp % 128 == 0 else dp
+    dp = dispatch.round_up(dp, bd)
+    tp = dispatch.round_up(t, block_sizes.chunk)
   cfg = _Config(reverse=reverse, block_d=bd, chunk=block_sizes.chunk, platform=platform,
                 interpret=interpret)
+  if platform == "tpu":
+    # The TPU kernel reads one row per step at a dynamic offset, which Mosaic
+    # supports for 32-bit rows only (16-bit rows pack two to a sublane and a
+    # dynamic row index must then be a multiple of 8). The carry is float32
+    # anyway; the input is read as float32 (its gradient comes back cast).
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
   # Padding with a = 1, b = 0 carries the state through padded steps unchanged;
   # padded rows sit at the end, which a reverse scan visits first (from h0).
   pad = lambda x, value: jnp.pad(x.reshape(bsz, t, d), ((0, 0), (0, tp - t), (0, dp - d)),
@@ -250,5 +254,5 @@ def _linear_scan(a, b, h0, *, reverse, block_sizes, platform, interpret):
   if h0 is not None:
     h0p = h0p.at[:, 0, :d].set(h0.reshape(bsz, d).astype(jnp.float32))
   h, state = _core(cfg, pad(a, 1), pad(b, 0), h0p)
-  h = h[:, :t, :d].reshape(b.shape).astype(b.dtype)
+  h = h[:, :t, :d].reshape(b.shape).astype(out_dtype)
   return h, state[:, 0, :d].reshape((bsz,) + rest)

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from linear_attention.kernels import chunk_decay as kernel
+from linear_attention.kernels import dispatch
 
 from linear_attention.ops import common
 
@@ -106,7 +108,8 @@ def decay_linear_attention(
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; the
       state is reset to zero where the id changes. ``initial_state`` applies to
       the first segment of each row; the returned state is that of the last.
-    implementation: ``None`` (the Pallas chunk kernel on GPU and TPU when it
+    implementation: ``None`` (the Pallas chunk kernel on a backend listed in
+      ``kernels.dispatch.PALLAS_DEFAULT_BACKENDS`` -- none yet -- when it
       supports the arguments, XLA otherwise and always on CPU), ``"xla"``, or
       ``"pallas"`` (:mod:`linear_attention.kernels.chunk_decay`; on CPU it
       runs in interpret mode: exact but slow). The kernel implements
@@ -119,12 +122,10 @@ def decay_linear_attention(
     with ``state`` ``[B, H, K, V]`` in float32.
   """
   _, t, _, dk, _ = _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids)
-  from linear_attention.kernels import chunk_decay as kernel  # lazy: kernels import ops
-
   unsupported = kernel.unsupported_arguments(q, log_decay, segment_ids)
   if form != "chunk":
     unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
-  if kernel.resolve_implementation(implementation, unsupported):
+  if dispatch.resolve_implementation(implementation, unsupported):
     return kernel.chunk_decay_attention(q, k, v, log_decay, scale=scale,
                                         initial_state=initial_state, return_state=return_state)
   o, state = _forward(q, k, v, log_decay, initial_state, segment_ids,

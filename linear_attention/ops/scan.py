@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from linear_attention.kernels import dispatch
+from linear_attention.kernels import scan as kernel
 from linear_attention.ops import common
 
 Array = jax.Array
@@ -68,7 +70,8 @@ def linear_scan(
       segment begins (``h_t = b_t`` there), so packed sequences never mix.
     return_state: also return the final state (``h`` at ``T - 1``, or at ``0``
       when ``reverse``).
-    implementation: ``None`` (the Pallas scan kernel on GPU and TPU when it
+    implementation: ``None`` (the Pallas scan kernel on a backend listed in
+      ``kernels.dispatch.PALLAS_DEFAULT_BACKENDS`` -- none yet -- when it
       supports the arguments, XLA otherwise and always on CPU), ``"xla"``, or
       ``"pallas"`` (:mod:`linear_attention.kernels.scan`; on CPU it runs in
       interpret mode: exact but slow). The kernel replaces ``form="chunk"``
@@ -93,12 +96,10 @@ def linear_scan(
   common.check_choice("form", form, SCAN_FORMS)
   common.check_positive_int("chunk_size", chunk_size)
   common.check_segment_ids(segment_ids, bsz, t)
-  from linear_attention.kernels import scan as kernel  # lazy: kernels import ops
-
   unsupported = kernel.unsupported_arguments(a, b, h0)
   if form != "chunk":
     unsupported["form"] = f"{form!r} (the kernel replaces the chunk form)"
-  use_pallas = kernel.resolve_implementation(implementation, unsupported)
+  use_pallas = dispatch.resolve_implementation(implementation, unsupported)
 
   out_dtype = b.dtype
   acc = common.acc_dtype(a.dtype, b.dtype, *(() if h0 is None else (h0.dtype,)))

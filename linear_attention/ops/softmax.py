@@ -1,6 +1,6 @@
 """Exact softmax attention: the quadratic baseline every other op is measured against.
 
-Two implementations of one function, :func:`softmax_attention`:
+Two XLA algorithms of one function, :func:`softmax_attention` (``algorithm=``):
 
 * ``naive``: the ``T x T`` logits are materialised in float32, masked and
   normalised in one go. The readable reference.
@@ -12,9 +12,10 @@ Two implementations of one function, :func:`softmax_attention`:
   ``jax.custom_vjp``) recomputes the probabilities block by block from the
   saved per-query log-sum-exp, as in FlashAttention-2 (``dq`` per query block
   looping over key blocks, ``dk, dv`` per key block looping over query blocks).
-* ``pallas``: the same algorithm as a Pallas kernel for GPU (Triton) and TPU
-  (``kernels/flash_attention.py``); ``implementation=None`` picks it on those
-  backends, and ``"xla"`` picks naive or blockwise by length.
+and, with ``implementation="pallas"``, the same algorithm as a Pallas kernel
+for GPU (Triton) and TPU (``kernels/flash_attention/``; interpret mode on
+CPU). ``implementation`` is ``None | "xla" | "pallas"`` as for every op;
+``algorithm=None`` picks naive or blockwise by length.
 
 The block machinery is shared with ``ops/sparse.py``:
 
@@ -42,18 +43,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
+import warnings
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from linear_attention.kernels import dispatch
+from linear_attention.kernels.flash_attention import flash_attention, unsupported_arguments
 from linear_attention.ops import common
 
 Array = jax.Array
 
-IMPLEMENTATIONS = ("naive", "blockwise", "xla", "pallas")
-# Longest sequence for which implementation=None picks the naive path: its
+IMPLEMENTATIONS = dispatch.IMPLEMENTATIONS
+ALGORITHMS = (None, "naive", "blockwise")
+# Longest sequence for which algorithm=None picks the naive path: its
 # float32 logits are B*H*T*T*4 bytes (16 MiB per batch row and head at 2048).
 NAIVE_MAX_LEN = 1024
 # Logit given to masked pairs: finite, so max/exp never see inf - inf.
@@ -386,6 +390,7 @@ def softmax_attention(
     block_size: int = 128,
 ) -> Array:
   """Exact softmax attention, ``o_i = sum_j softmax_j(scale * q_i . k_j) v_j``.
+    algorithm: str | None = None,
 
   Args:
     q: ``[B, T, H, K]`` queries.
@@ -395,11 +400,16 @@ def softmax_attention(
     scale: logit scale; ``None`` means ``K ** -0.5``.
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; a
       query sees only keys of its own segment (a maximal run of equal ids).
-    implementation: ``"naive"`` (materialises ``[B, H, T, T]`` float32 logits),
-      ``"blockwise"`` (online softmax, ``O(T)`` memory, custom backward),
-      ``"xla"``: naive for ``T <= NAIVE_MAX_LEN`` (1024), blockwise above,
-      ``"pallas"``: the FlashAttention-2 kernel (GPU or TPU only; float32,
-      bfloat16 or float16), or ``None``: ``"pallas"`` where it runs, else ``"xla"``.
+    implementation: ``None | "xla" | "pallas"``. ``"pallas"`` is the
+      FlashAttention-2 kernel (float32, bfloat16 or float16; interpret mode on
+      CPU); ``None`` is XLA unless the kernel is verified on this backend
+      (``kernels.dispatch.PALLAS_DEFAULT_BACKENDS``, none yet). The former
+      values ``"naive"``/``"blockwise"`` still work with a
+      ``DeprecationWarning``: they mean ``algorithm=``.
+    algorithm: the XLA path: ``"naive"`` (materialises ``[B, H, T, T]``
+      float32 logits), ``"blockwise"`` (online softmax, ``O(T)`` memory,
+      custom backward) or ``None``: naive for ``T <= NAIVE_MAX_LEN`` (1024),
+      blockwise above. Setting it implies XLA (with ``"pallas"`` it raises).
     block_size: query and key block length of the blockwise path (any ``T``
       works: padded inside; capped at ``T``). The Pallas kernel uses its own
       default block sizes.
@@ -408,17 +418,15 @@ def softmax_attention(
     ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``. Softmax statistics
     and accumulation are float32 for bfloat16/float16/float32 inputs.
   """
-  b, t, _, dk, _ = common.check_qkv(q, k, v)
-  common.check_segment_ids(segment_ids, b, t)
-  check_implementation(implementation)
+  b, t, _, dk, _ = common.check_attention(q, k, v, segment_ids)
+  implementation, algorithm = check_implementation(implementation, algorithm)
   common.check_positive_int("block_size", block_size)
   scale = common.resolve_scale(scale, dk)
-  implementation = resolve_implementation(implementation, q, k, v)
-  if implementation == "pallas":
+  if algorithm is None and resolve_implementation(implementation, q, k, v) == "pallas":
     return pallas_attention(q, k, v, causal=bool(causal), scale=scale, segment_ids=segment_ids)
-  if implementation == "xla":
-    implementation = "naive" if t <= NAIVE_MAX_LEN else "blockwise"
-  if implementation == "naive":
+  if algorithm is None:
+    algorithm = "naive" if t <= NAIVE_MAX_LEN else "blockwise"
+  if algorithm == "naive":
     o = _naive(q, k, v, segment_ids, scale=float(scale), causal=bool(causal))
   else:
     o, _ = self_attention_stats(q, k, v, segment_ids, scale=scale, block_size=block_size,
@@ -426,48 +434,44 @@ def softmax_attention(
   return o.astype(q.dtype)
 
 
-def _kernel():
-  """``kernels/flash_attention.py``, imported late (kernels import ops; the package
-  attribute ``kernels.flash_attention`` is the function, hence ``import_module``)."""
-  return importlib.import_module("linear_attention.kernels.flash_attention")
-
-
-def check_implementation(implementation: str | None) -> None:
-  """Raises unless ``implementation`` is one of :data:`IMPLEMENTATIONS` or ``None``."""
-  if implementation is not None and implementation not in IMPLEMENTATIONS:
-    raise ValueError(
-        f"implementation must be one of ['naive', 'blockwise'] (XLA paths), 'xla' (naive or "
-        f"blockwise by length), 'pallas' or None, got {implementation!r}."
-    )
+def check_implementation(implementation: str | None,
+                         algorithm: str | None = None) -> tuple[str | None, str | None]:
+  """Checks ``implementation`` and ``algorithm``; returns them, the deprecated
+  ``implementation="naive"|"blockwise"`` moved to ``algorithm``."""
+  if implementation in ("naive", "blockwise"):
+    warnings.warn(f"softmax_attention(implementation={implementation!r}) is deprecated: use "
+                  f"algorithm={implementation!r} (implementation is None, 'xla' or 'pallas').",
+                  DeprecationWarning, stacklevel=3)
+    if algorithm not in (None, implementation):
+      raise ValueError(f"algorithm must match implementation={implementation!r} (deprecated "
+                       f"spelling of algorithm=), got {algorithm!r}.")
+    implementation, algorithm = "xla", implementation
+  common.check_choice("implementation", implementation, IMPLEMENTATIONS)
+  common.check_choice("algorithm", algorithm, ALGORITHMS)
+  if algorithm is not None and implementation == "pallas":
+    raise ValueError(f"algorithm applies to the XLA paths only, got algorithm={algorithm!r} "
+                     "with implementation='pallas'.")
+  return implementation, algorithm
 
 
 def resolve_implementation(implementation: str | None, q: Array, k: Array, v: Array) -> str:
-  """``None`` -> ``"pallas"`` when the kernel runs natively for these inputs on a
-  backend where it has been verified (``PALLAS_DEFAULT_BACKENDS``), else ``"xla"``."""
-  if implementation is not None:
-    return implementation
-  from linear_attention.kernels.chunk_decay import PALLAS_DEFAULT_BACKENDS
-  fa = _kernel()
-  native = fa.supported(q, k, v) and fa.default_backend() in PALLAS_DEFAULT_BACKENDS
-  return "pallas" if native else "xla"
+  """``"pallas"`` or ``"xla"``: ``None`` is the kernel only where it supports the
+  inputs on a backend where it has been verified (``PALLAS_DEFAULT_BACKENDS``)."""
+  pallas = dispatch.resolve_implementation(
+      implementation, {} if implementation == "pallas" else unsupported_arguments(q))
+  return "pallas" if pallas else "xla"
 
 
 def pallas_attention(q: Array, k: Array, v: Array, *, causal: bool, scale: float,
                      segment_ids: Array | None, window: int | None = None) -> Array:
   """The Pallas kernel behind ``implementation="pallas"``; shapes as in :func:`softmax_attention`.
 
-  Raises a ``ValueError`` naming the argument when the kernel cannot run here
-  (no GPU or TPU backend, or an unsupported dtype).
+  Native on GPU and TPU, interpret mode on CPU (exact, slow). Raises a
+  ``ValueError`` naming the argument for an unsupported dtype.
   """
-  fa = _kernel()
-  if fa.default_backend() is None:
-    raise ValueError(
-        f"implementation='pallas' needs a GPU or TPU backend, got {jax.default_backend()!r} "
-        "(use 'xla' or None; kernels.flash_attention runs in interpret mode on CPU)."
-    )
-  if jnp.dtype(q.dtype) not in fa.SUPPORTED_DTYPES:
-    raise ValueError(
-        f"q must be float32, bfloat16 or float16 with implementation='pallas', got {q.dtype}."
-    )
-  return fa.flash_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
-                            window=window)
+  unsupported = unsupported_arguments(q)
+  if unsupported:
+    name, why = next(iter(unsupported.items()))
+    raise ValueError(f"implementation='pallas' does not support {name}: {why}.")
+  return flash_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
+                         window=window)

@@ -18,14 +18,15 @@ from jax.experimental.pallas import tpu as pltpu
 
 from linear_attention import ops
 from linear_attention.kernels import chunk_decay as cd
+from linear_attention.kernels import dispatch
 from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, keys, rand
 
 B, T, H, K, V = 1, 40, 2, 16, 32  # T: one full chunk of 32 and a partial one
 
 PATHS = {
     # Sub-chunks of 16 in a chunk of 32: the off-diagonal sub-chunk path runs.
-    "gpu": dict(platform="gpu", block_sizes=cd.BlockSizes(chunk=32, sub_chunk=16, block_v=16)),
-    "tpu": dict(platform="tpu", block_sizes=cd.BlockSizes(chunk=16, sub_chunk=8, block_v=16)),
+    "gpu": dict(platform="gpu", block_sizes=cd.ChunkDecayBlockSizes(chunk=32, sub_chunk=16, block_v=16)),
+    "tpu": dict(platform="tpu", block_sizes=cd.ChunkDecayBlockSizes(chunk=16, sub_chunk=8, block_v=16)),
 }
 
 
@@ -104,9 +105,9 @@ def test_dispatch_and_unsupported_arguments():
   with pytest.raises(ValueError, match="implementation"):
     ops.decay_linear_attention(q, k, v, g, implementation="triton")
   with pytest.raises(ValueError, match="block_sizes.chunk"):
-    cd.chunk_decay_attention(q, k, v, g, platform="gpu", block_sizes=cd.BlockSizes(chunk=24, sub_chunk=8))
+    cd.chunk_decay_attention(q, k, v, g, platform="gpu", block_sizes=cd.ChunkDecayBlockSizes(chunk=24, sub_chunk=8))
   with pytest.raises(ValueError, match="sub_chunk"):
-    cd.BlockSizes(chunk=32, sub_chunk=12)
+    cd.ChunkDecayBlockSizes(chunk=32, sub_chunk=12)
   # None with segment_ids falls back to XLA (on any backend) and works.
   o = ops.decay_linear_attention(q, k, v, g, segment_ids=seg, implementation=None)
   assert_close(o, ops.decay_linear_attention(q, k, v, g, form="recurrent"), 1e-4, 1e-4)
@@ -119,13 +120,22 @@ def test_dispatch_and_unsupported_arguments():
 def test_default_is_xla_until_a_kernel_is_verified(monkeypatch, backend):
   """implementation=None never picks an unverified kernel, whatever the backend."""
   from linear_attention.ops import softmax as sm
-  fa = sm._kernel()
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
-  assert cd.PALLAS_DEFAULT_BACKENDS == ()
-  assert cd.resolve_implementation(None, {}) is False
-  monkeypatch.setattr(fa, "supported", lambda *a, **kw: True)
+  assert dispatch.PALLAS_DEFAULT_BACKENDS == ()
+  assert dispatch.resolve_implementation(None, {}) is False
   x = jnp.zeros((1, 4, 1, 8), jnp.float32)
   assert sm.resolve_implementation(None, x, x, x) == "xla"
-  monkeypatch.setattr(cd, "PALLAS_DEFAULT_BACKENDS", ("gpu", "tpu"))
+  monkeypatch.setattr(dispatch, "PALLAS_DEFAULT_BACKENDS", ("gpu", "tpu"))
   expected = backend != "cpu"
-  assert cd.resolve_implementation(None, {}) is expected
+  assert dispatch.resolve_implementation(None, {}) is expected
+  assert sm.resolve_implementation(None, x, x, x) == ("pallas" if expected else "xla")
+
+
+def test_platform_follows_the_compile_device():
+  """A default device (e.g. a compile-only one) decides the platform and interpret mode."""
+  assert dispatch.current_platform() is None  # this CPU host
+  assert dispatch.default_interpret("gpu") is True
+  with jax.default_device(jax.devices("cpu")[0]):
+    assert dispatch.default_platform() == "gpu"
+  with pytest.raises(ValueError, match="interpret must be None, a bool"):
+    cd.chunk_decay_attention(*make("none")[:3], interpret="yes")

@@ -1,4 +1,4 @@
-"""Flash attention kernel vs ``ops.softmax_attention(implementation="naive")``.
+"""Flash attention kernel vs ``ops.softmax_attention(algorithm="naive")``.
 
 One test class, run once per interpret mode on CPU (the GPU path with
 ``interpret=True``, the TPU path with ``pltpu.InterpretParams()``) and natively
@@ -9,31 +9,30 @@ every case has partial blocks, skipped blocks and several heads.
 from __future__ import annotations
 
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from linear_attention.kernels import dispatch
+from linear_attention.kernels import flash_attention as fa
 from linear_attention.ops import sliding_window_attention, softmax_attention
 from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, keys, rand
 
-# The package exports the function under the module's name.
-fa = importlib.import_module("linear_attention.kernels.flash_attention")
-
 B, T, H, D = 2, 37, 2, 16
-SMALL = fa.BlockSizes(16, 16, 16, 16, 16, 16)
+SMALL = fa.FlashBlockSizes(16, 16, 16, 16, 16, 16)
 # Segments of 10, 20 and 7 tokens (row 0) and 25, 12 (row 1); ids reused to
 # check that a segment is a run of equal ids.
 SEGMENTS = jnp.array([[0] * 10 + [1] * 20 + [0] * 7, [5] * 25 + [2] * 12], jnp.int32)
 
 MODES = [
-    pytest.param(dict(backend="gpu", interpret=True), id="gpu-interpret"),
-    pytest.param(dict(backend="tpu", interpret=pltpu.InterpretParams()), id="tpu-interpret"),
+    pytest.param(dict(platform="gpu", interpret=True), id="gpu-interpret"),
+    pytest.param(dict(platform="tpu", interpret=pltpu.InterpretParams()), id="tpu-interpret"),
 ]
-if fa.default_backend() is not None:
-  MODES.append(pytest.param(dict(backend=fa.default_backend(), interpret=False), id="native"))
+if dispatch.current_platform() is not None:
+  MODES.append(pytest.param(dict(platform=dispatch.current_platform(), interpret=False),
+                            id="native"))
 
 
 def _inputs(dtype=jnp.float32, heads_kv=H, dv=D):
@@ -50,7 +49,7 @@ def _reference(q, k, v, causal, segment_ids, window):
   k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
   if window is None:
     return softmax_attention(q, k, v, causal=causal, segment_ids=segment_ids,
-                             implementation="naive")
+                             algorithm="naive")
   return sliding_window_attention(q, k, v, causal=causal, segment_ids=segment_ids,
                                   window=window, implementation="xla")
 
@@ -110,7 +109,7 @@ class TestFlashAttention:
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.3
     s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -jnp.inf)
     assert_close(lse, jnp.swapaxes(jax.nn.logsumexp(s, axis=-1), 1, 2), 1e-5, 1e-5, "lse")
-    assert_close(o, softmax_attention(q, k, v, causal=True, scale=0.3, implementation="naive"),
+    assert_close(o, softmax_attention(q, k, v, causal=True, scale=0.3, algorithm="naive"),
                  1e-5, 1e-5, "o")
 
 
@@ -119,12 +118,10 @@ def test_lowers_for_gpu_and_tpu():
   q = jax.ShapeDtypeStruct((1, 300, 2, 64), jnp.bfloat16)
   seg = jax.ShapeDtypeStruct((1, 300), jnp.int32)
   for backend, platform in (("gpu", "cuda"), ("tpu", "tpu")):
-    blocks = fa._resolve_blocks(None, backend, 300, native=True)
 
-    def f(q, k, v, s, backend=backend, blocks=blocks):
-      fn = lambda q, k, v: fa._flash(q, k, v, s, causal=True, scale=0.1, window=100,
-                                     blocks=blocks, backend=backend, interpret=False, groups=1,
-                                     return_lse=False)
+    def f(q, k, v, s, backend=backend):
+      fn = lambda q, k, v: fa.flash_attention(q, k, v, segment_ids=s, causal=True, scale=0.1,
+                                              window=100, platform=backend, interpret=False)
       o, vjp = jax.vjp(fn, q, k, v)
       return o, vjp(o)
 
@@ -145,27 +142,34 @@ def test_errors_name_the_argument():
   with pytest.raises(ValueError, match="q must be a floating-point array"):
     run(*(x.astype(jnp.int32) for x in (q, k, v)))
   with pytest.raises(ValueError, match="block_sizes.block_k must be a power of two >= 16"):
-    run(q, k, v, block_sizes=fa.BlockSizes(block_k=24))
+    run(q, k, v, block_sizes=fa.FlashBlockSizes(block_k=24))
   with pytest.raises(ValueError, match="block_sizes.block_k must be a power of two >= 128"):
-    fa.flash_attention(q, k, v, backend="tpu", block_sizes=fa.BlockSizes(block_k=64))
-  with pytest.raises(ValueError, match="backend must be one of"):
-    run(q, k, v, backend="cpu")
+    fa.flash_attention(q, k, v, platform="tpu", interpret=False,
+                       block_sizes=fa.FlashBlockSizes(block_k=64))
+  with pytest.raises(ValueError, match="platform must be one of"):
+    run(q, k, v, platform="cpu")
   with pytest.raises(ValueError, match="segment_ids must have shape"):
     run(q, k, v, segment_ids=SEGMENTS[:, :5])
   with pytest.raises(ValueError, match="k must have shape"):
     run(q, k[:, :5], v)
-  if fa.default_backend() is None:
-    with pytest.raises(ValueError, match="interpret must be set"):
-      fa.flash_attention(q, k, v)
-    with pytest.raises(ValueError, match="implementation='pallas' needs a GPU or TPU"):
-      softmax_attention(q, k, v, implementation="pallas")
-    with pytest.raises(ValueError, match="implementation='pallas' needs a GPU or TPU"):
-      sliding_window_attention(q, k, v, window=4, implementation="pallas")
+  with pytest.raises(ValueError, match="algorithm applies to the XLA paths only"):
+    softmax_attention(q, k, v, implementation="pallas", algorithm="naive")
+
+
+def test_pallas_on_cpu_runs_in_interpret_mode():
+  # implementation="pallas" means the kernel everywhere, as for every op: on a
+  # host without a GPU or TPU it is interpreted (exact, slow).
+  q, k, v, _ = _inputs()
+  ref = softmax_attention(q, k, v, causal=True, algorithm="naive")
+  assert_close(softmax_attention(q, k, v, causal=True, implementation="pallas"), ref, 1e-5, 1e-5)
+  ref = sliding_window_attention(q, k, v, window=4, implementation="xla")
+  assert_close(sliding_window_attention(q, k, v, window=4, implementation="pallas"), ref,
+               1e-5, 1e-5)
 
 
 def test_ops_dispatch_default_matches_xla():
   # implementation=None is the XLA path on CPU and the kernel on GPU/TPU: same numbers.
   q, k, v, _ = _inputs()
-  ref = softmax_attention(q, k, v, causal=True, implementation="naive")
+  ref = softmax_attention(q, k, v, causal=True, algorithm="naive")
   assert_close(softmax_attention(q, k, v, causal=True), ref, 1e-5, 1e-5)
   assert_close(softmax_attention(q, k, v, causal=True, implementation="xla"), ref, 1e-5, 1e-5)

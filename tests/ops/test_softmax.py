@@ -53,8 +53,8 @@ def out_and_grads(fn, args):
   return out, vjp(cot)
 
 
-naive = functools.partial(softmax_attention, implementation="naive")
-blockwise = functools.partial(softmax_attention, implementation="blockwise", block_size=BLOCK)
+naive = functools.partial(softmax_attention, algorithm="naive")
+blockwise = functools.partial(softmax_attention, algorithm="blockwise", block_size=BLOCK)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -87,7 +87,7 @@ def test_block_multiple_of_length():
   """T an exact multiple of the block (no padding), and a block larger than T."""
   q, k, v = qkv(2, 32)
   for bs in (16,):
-    assert_close(softmax_attention(q, k, v, causal=True, implementation="blockwise", block_size=bs),
+    assert_close(softmax_attention(q, k, v, causal=True, algorithm="blockwise", block_size=bs),
                  naive(q, k, v, causal=True), 1e-5, 1e-5)
 
 
@@ -179,7 +179,7 @@ def test_blockwise_never_builds_txt(causal):
   t = 512
   q, k, v = qkv(8, t, b=1)
   loss = lambda q, k, v: jnp.sum(softmax_attention(
-      q, k, v, causal=causal, implementation="blockwise", block_size=32) ** 2)
+      q, k, v, causal=causal, algorithm="blockwise", block_size=32) ** 2)
   jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
   shapes = list(_all_shapes(jaxpr))
   assert shapes, "no equations found"

@@ -1,0 +1,96 @@
+"""Compile report: every Pallas kernel compiled for GPU and TPU targets without a device.
+
+For each target (H200, A100, TPU v5e, v6e by default) and each case of
+``linear_attention.kernels.aot`` (chunk decay, flash attention, linear scan;
+forward and backward; bf16 and f32; every mode; the gpu_check shapes and a
+small odd one) prints one table: kernel, case, compiles or the error, and on
+GPU the shared memory, registers and spilled bytes of each Pallas kernel of
+the case (fwd/states/bwd, fwd/dq/dkv). Writes the same as JSON::
+
+    python experiments/compile_report.py [--targets h200,a100,v5e,v6e]
+        [--cases chunk_decay] [--python .venv312-compile/bin/python]
+        [--out results/compile_report.json]
+
+Needs jax >= 0.11 with jax-cuda13-plugin (GPU targets; ptxas on PATH) and
+libtpu (TPU targets); ``--python`` names an interpreter that has them when
+this one does not (e.g. the compile venv of ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from linear_attention.kernels import aot  # noqa: E402
+
+
+def _short(error: str | None) -> str:
+  """The first line of a compiler error, trimmed for a table cell."""
+  if not error:
+    return ""
+  line = error.strip().splitlines()[0]
+  return line if len(line) <= 110 else line[:107] + "..."
+
+
+def table(target: str, results: dict[str, dict]) -> str:
+  """One text table for ``target``: a row per Pallas kernel of each case."""
+  gpu = aot.platform_of(target) == "gpu"
+  head = f"{'kernel':16s} {'case':34s} {'result':8s}"
+  if gpu:
+    head += f" {'pallas kernel':28s} {'smem B':>8s} {'regs':>5s} {'spill B':>8s}"
+  lines = [f"== {target} ==", head, "-" * len(head)]
+  for name, r in results.items():
+    kernel, case = name.split("/", 1)
+    status = "compiles" if r["ok"] else "ERROR"
+    rows = sorted(r.get("kernels", {}).items()) if gpu else []
+    if not rows or not r["ok"]:
+      extra = "" if r["ok"] else "  " + _short(r["error"])
+      lines.append(f"{kernel:16s} {case:34s} {status:8s}{extra}")
+      continue
+    for kname, s in rows:
+      spill = s.get("spill_stores", 0) + s.get("spill_loads", 0)
+      lines.append(f"{kernel:16s} {case:34s} {status:8s} {kname:28s} "
+                   f"{s.get('shared_memory', '-'):>8} {s.get('registers', '-'):>5} {spill:>8}")
+  ok = sum(r["ok"] for r in results.values())
+  lines.append(f"{ok}/{len(results)} cases compile for {target}")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--targets", default="h200,a100,v5e,v6e",
+                 help="comma-separated subset of " + ",".join(aot.TARGETS))
+  p.add_argument("--cases", default="", help="only cases whose name contains this string")
+  p.add_argument("--python", default=sys.executable,
+                 help="interpreter with jax >= 0.11 and the plugin/libtpu")
+  p.add_argument("--out", default="results/compile_report.json")
+  args = p.parse_args(argv)
+  names = [n for n in aot.CASES if args.cases in n]
+  env_jax = subprocess.run([args.python, "-c", "import jax; print(jax.__version__)"],
+                           capture_output=True, text=True).stdout.strip()
+  report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "jax": env_jax, "targets": {}}
+  failed = 0
+  for target in args.targets.split(","):
+    t0 = time.perf_counter()
+    results = aot.run_target(target, names, python=args.python, timeout=3000)
+    report["targets"][target] = {"seconds": time.perf_counter() - t0, "cases": results}
+    failed += sum(not r["ok"] for r in results.values())
+    print(table(target, results), flush=True)
+    print(f"({time.perf_counter() - t0:.0f}s)\n", flush=True)
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(report, f, indent=1)
+  print(f"wrote {args.out}; {failed} case(s) failed")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

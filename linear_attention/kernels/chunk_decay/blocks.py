@@ -1,0 +1,311 @@
+"""Chunk-decay kernel: tiling, static configuration and the per-chunk block logic.
+
+Shared by the Triton (:mod:`.triton`) and Mosaic (:mod:`.mosaic_tpu`) entry
+points: :func:`fwd_block`, :func:`state_block` and :func:`bwd_block` compute
+one chunk from refs addressed at a row offset, so the GPU kernels call them
+inside a ``fori_loop`` over whole-sequence refs and the TPU kernels once per
+grid step on one chunk's blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from linear_attention.kernels import dispatch
+from linear_attention.ops import common
+
+
+def pad_dim(n: int, platform: str) -> int:
+  """A feature width padded for the platform: a power of two >= 16 for Triton,
+  a multiple of 8 on TPU (the sublane tile of state rows)."""
+  return max(16, dispatch.next_pow2(n)) if platform == "gpu" else dispatch.round_up(n, 8)
+
+
+def value_block(vp: int, block_v: int, platform: str) -> int:
+  """The value block: ``block_v`` clipped to the padded ``V``; on TPU a multiple
+  of 128 that divides ``V``, else all of ``V``."""
+  if platform == "gpu":
+    return min(dispatch.next_pow2(block_v), vp)
+  bv = (min(block_v, vp) // 128) * 128
+  return bv if bv and vp % bv == 0 else vp
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkDecayBlockSizes:
+  """Tiling of the chunk kernel (and, on GPU, its Triton launch parameters).
+
+  Attributes:
+    chunk: tokens per chunk (the state is carried across chunks). A power of
+      two >= 16 on GPU, a multiple of 8 on TPU.
+    sub_chunk: per-channel decays only: the query/key sub-chunk inside which
+      pairs are computed elementwise; divides ``chunk`` (>= 16 on GPU).
+    block_v: value columns per program (state ``[K, block_v]``).
+    num_warps, num_stages: GPU only, passed to the Triton compiler params
+      (``None``: Triton's defaults).
+  """
+  chunk: int = 64
+  sub_chunk: int = 16
+  block_v: int = 64
+  num_warps: int | None = None
+  num_stages: int | None = None
+
+  def __post_init__(self):
+    for name in ("chunk", "sub_chunk", "block_v"):
+      common.check_positive_int(f"block_sizes.{name}", getattr(self, name))
+    for name in ("num_warps", "num_stages"):
+      if getattr(self, name) is not None:
+        common.check_positive_int(f"block_sizes.{name}", getattr(self, name))
+    if self.chunk % self.sub_chunk:
+      raise ValueError(f"block_sizes.sub_chunk must divide block_sizes.chunk ({self.chunk}), "
+                       f"got {self.sub_chunk}.")
+
+  @classmethod
+  def default(cls, platform: str) -> "ChunkDecayBlockSizes":
+    """The default tiling for ``platform``."""
+    del platform
+    return cls()
+
+  def check(self, platform: str, interpret=False) -> None:
+    """Raises unless the sizes suit ``platform``'s compiler (in any interpret mode too)."""
+    del interpret
+    if platform == "gpu":
+      for name in ("chunk", "sub_chunk"):
+        x = getattr(self, name)
+        if x < 16 or x & (x - 1):
+          raise ValueError(f"block_sizes.{name} must be a power of two >= 16 on GPU "
+                           f"(Triton dot tiles), got {x}.")
+    elif self.chunk % 8 or self.sub_chunk % 8:
+      raise ValueError(f"block_sizes.chunk and sub_chunk must be multiples of 8 on TPU, got "
+                       f"{self.chunk} and {self.sub_chunk}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """Static configuration of one kernel call (hashable: a jit/custom_vjp constant)."""
+  mode: str          # "none" | "scalar" | "vector"
+  chunk: int
+  sub: int
+  block_v: int
+  scale: float
+  platform: str
+  interpret: object  # False | True | pltpu.InterpretParams
+  exact_dots: bool   # float32 inputs: full-precision dots
+  num_warps: int | None = None
+  num_stages: int | None = None
+
+
+# ----------------------------------------------------------- shared block logic
+
+
+def _dot(a, b, dims, cfg: KernelConfig, dtype):
+  """``a @ b`` (``"nn"``), ``a @ b.T`` (``"nt"``) or ``a.T @ b`` (``"tn"``), float32 out."""
+  contract = {"nn": ((1,), (0,)), "nt": ((1,), (1,)), "tn": ((0,), (0,))}[dims]
+  precision = lax.Precision.HIGHEST if cfg.exact_dots else None
+  return lax.dot_general(a.astype(dtype), b.astype(dtype), (contract, ((), ())),
+                         precision=precision, preferred_element_type=jnp.float32)
+
+
+def _rows(ref, start, size):
+  """Rows ``[start, start + size)`` of a 2-D ref as float32."""
+  return ref[pl.ds(start, size), :].astype(jnp.float32)
+
+
+def _lower_tri(n: int, m: int | None = None, offset: int = 0):
+  """``[n, m]`` bool, True where ``row + offset >= col``."""
+  m = n if m is None else m
+  r = lax.broadcasted_iota(jnp.int32, (n, m), 0)
+  c = lax.broadcasted_iota(jnp.int32, (n, m), 1)
+  return r + offset >= c
+
+
+def _row(r, name, start, i, value, cfg: KernelConfig, scale: float = 1.0):
+  """Row ``i`` (``[1, W]`` float32) of the sub-chunk ``value``, which is the rows
+  of ``r[name]`` from ``start`` times ``scale``. Triton loads it from the ref;
+  Mosaic takes it out of the value with a masked sum, since a one-row load of a
+  packed (16-bit) ref at an unaligned row is not supported there."""
+  if cfg.platform == "gpu":
+    return _rows(r[name], start + i, 1) * scale
+  rows = lax.broadcasted_iota(jnp.int32, (value.shape[0], 1), 0)
+  return jnp.sum(jnp.where(rows == i, value, 0.0), axis=0, keepdims=True)
+
+
+def _pair_rows(r, start, qi, gi, cfg: KernelConfig):
+  """The exact per-channel pairs of one sub-chunk, one query row at a time.
+
+  Yields ``(i, q_i [1, K], pair [s, K])`` for each query row ``i``, where
+  ``pair[j] = exp(g_i - g_j)`` for keys ``j <= i`` (0 above: both in the
+  sub-chunk). Row by row, the live pair tensor is ``[s, K]``, not the
+  ``[s, s, K]`` of all pairs at once (which spilled registers on GPU and
+  which Mosaic could not lay out).
+  """
+  keys = lax.broadcasted_iota(jnp.int32, (gi.shape[0], 1), 0)
+  for i in range(gi.shape[0]):
+    g_i = _row(r, "g", start, i, gi, cfg)
+    q_i = _row(r, "q", start, i, qi, cfg, cfg.scale)
+    yield i, q_i, jnp.exp(jnp.where(keys <= i, g_i - gi, -jnp.inf))
+
+
+def _scalar_masks(gcol, grow, glast, chunk, mode):
+  """Decay factors of a chunk with a scalar (or no) decay.
+
+  Returns ``(m, eq, ek, a)``: ``m [C, C]`` the causal pairwise decay,
+  ``eq [C, 1]`` from the chunk start to each query, ``ek [C, 1]`` from each
+  key to the chunk end, ``a [1, 1]`` across the whole chunk.
+  """
+  tri = _lower_tri(chunk)
+  if mode == "none":
+    return tri.astype(jnp.float32), 1.0, 1.0, 1.0
+  m = jnp.exp(jnp.where(tri, gcol - grow, -jnp.inf))
+  return m, jnp.exp(gcol), jnp.exp(glast - gcol), jnp.exp(glast)
+
+
+def fwd_block(r, base, grow, glcol, state, cfg: KernelConfig):
+  """One chunk of the forward pass; stores ``o`` rows and returns the next state.
+
+  ``r``: refs ``q, k, v`` (``[*, K]``/``[*, bv]``), ``g`` (in-chunk cumulative
+  log decay, ``[*, K]`` or ``[*, 1]``) and ``o``, addressed from row ``base``.
+  ``grow [1, C]``: the scalar decay as a row; ``glcol [K, 1]``: the vector
+  decay at the chunk end as a column; ``state [K, bv]`` float32.
+  """
+  c, dt = cfg.chunk, r["q"].dtype
+  k, v = _rows(r["k"], base, c), _rows(r["v"], base, c)
+  if cfg.mode != "vector":
+    q = _rows(r["q"], base, c) * cfg.scale
+    gcol = _rows(r["g"], base, c) if cfg.mode == "scalar" else None
+    glast = _rows(r["g"], base + c - 1, 1) if cfg.mode == "scalar" else None
+    m, eq, ek, a = _scalar_masks(gcol, grow, glast, c, cfg.mode)
+    scores = _dot(q, k, "nt", cfg, dt) * m
+    o = _dot(q * eq, state, "nn", cfg, dt) + _dot(scores, v, "nn", cfg, dt)
+    r["o"][pl.ds(base, c), :] = o.astype(r["o"].dtype)
+    return a * state + _dot(k * ek, v, "tn", cfg, dt)
+
+  s = cfg.sub
+  g = _rows(r["g"], base, c)
+  glast = _rows(r["g"], base + c - 1, 1)
+  earlier = lax.broadcasted_iota(jnp.int32, (s, c), 1)
+  rows = lax.broadcasted_iota(jnp.int32, (s, 1), 0)
+  for i in range(c // s):
+    lo = i * s
+    qi = _rows(r["q"], base + lo, s) * cfg.scale
+    ki, vi, gi = (_rows(r[n], base + lo, s) for n in ("k", "v", "g"))
+    o = _dot(qi * jnp.exp(gi), state, "nn", cfg, dt)
+    if i:
+      # Earlier sub-chunks through the decay just before this one: both
+      # factors are exp(<= 0); later keys get a clamped (finite) factor and
+      # are masked out.
+      gn = _rows(r["g"], base + lo - 1, 1)
+      scores = _dot(qi * jnp.exp(gi - gn), k * jnp.exp(jnp.minimum(gn - g, 0.0)), "nt", cfg, dt)
+      o += _dot(jnp.where(earlier < lo, scores, 0.0), v, "nn", cfg, dt)
+    # Pairs inside the sub-chunk, exact per channel: o_i += sum_j diag_ij v_j.
+    for row, q_row, pair in _pair_rows(r, base + lo, qi, gi, cfg):
+      diag = jnp.sum(q_row * ki * pair, axis=1, keepdims=True)  # [s, 1]: keys j of query row
+      o += jnp.where(rows == row, jnp.sum(diag * vi, axis=0, keepdims=True), 0.0)
+    r["o"][pl.ds(base + lo, s), :] = o.astype(r["o"].dtype)
+  return jnp.exp(glcol) * state + _dot(k * jnp.exp(glast - g), v, "tn", cfg, dt)
+
+
+def state_block(r, base, glcol, state, cfg: KernelConfig):
+  """The state after one chunk, from the state before it (no output)."""
+  c, dt = cfg.chunk, r["k"].dtype
+  k, v = _rows(r["k"], base, c), _rows(r["v"], base, c)
+  if cfg.mode == "none":
+    return state + _dot(k, v, "tn", cfg, dt)
+  g = _rows(r["g"], base, c)
+  glast = _rows(r["g"], base + c - 1, 1)
+  decay = jnp.exp(glcol if cfg.mode == "vector" else glast)
+  return decay * state + _dot(k * jnp.exp(glast - g), v, "tn", cfg, dt)
+
+
+def bwd_block(r, base, grow, glcol, state, dstate, cfg: KernelConfig):
+  """One chunk of the backward pass; stores its gradients and returns ``dS``
+  for the state entering the chunk.
+
+  ``state``: the state entering the chunk; ``dstate``: the gradient of the
+  state leaving it. Stores rows of ``dq``, ``dk`` (w.r.t. the scaled query and
+  the key, partial over this value block), ``dv`` and ``dg`` (w.r.t. the
+  in-chunk cumulative log decay, partial), and for vector decays ``dgl``
+  (``[K, 1]``: the chunk-end decay's share through the state).
+  """
+  c, dt = cfg.chunk, r["q"].dtype
+  q = _rows(r["q"], base, c) * cfg.scale
+  k, v, do = (_rows(r[n], base, c) for n in ("k", "v", "do"))
+
+  def store(name, start, x):
+    r[name][pl.ds(start, x.shape[0]), :] = x.astype(r[name].dtype)
+
+  if cfg.mode != "vector":
+    gcol = _rows(r["g"], base, c) if cfg.mode == "scalar" else None
+    glast = _rows(r["g"], base + c - 1, 1) if cfg.mode == "scalar" else None
+    m, eq, ek, a = _scalar_masks(gcol, grow, glast, c, cfg.mode)
+    scores = _dot(q, k, "nt", cfg, dt) * m
+    dscores = _dot(do, v, "nt", cfg, dt) * m
+    dk_state = _dot(v, dstate, "nt", cfg, dt)
+    dq = _dot(dscores, k, "nn", cfg, dt) + eq * _dot(do, state, "nt", cfg, dt)
+    dk = _dot(dscores, q, "tn", cfg, dt) + ek * dk_state
+    dv = _dot(scores, do, "tn", cfg, dt) + _dot(k * ek, dstate, "nn", cfg, dt)
+    store("dq", base, dq)
+    store("dk", base, dk)
+    store("dv", base, dv)
+    if cfg.mode == "scalar":
+      total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
+      # The chunk-end decay reaches the keys' way to the end and the old state.
+      dlast = total(k * ek * dk_state) + a * total(dstate * state)
+      dg = jnp.sum(q * dq - k * dk, axis=1, keepdims=True)
+      last_row = lax.broadcasted_iota(jnp.int32, (c, 1), 0) == c - 1
+      store("dg", base, dg + jnp.where(last_row, dlast, 0.0))
+    return a * dstate + _dot(q * eq, do, "tn", cfg, dt)
+
+  s, n = cfg.sub, cfg.chunk // cfg.sub
+  g = _rows(r["g"], base, c)
+  glast = _rows(r["g"], base + c - 1, 1)
+  rows = lax.broadcasted_iota(jnp.int32, (s, 1), 0)
+  earlier = lax.broadcasted_iota(jnp.int32, (s, c), 1)
+  later = lax.broadcasted_iota(jnp.int32, (c, s), 0)
+  dlast = jnp.zeros((1, g.shape[1]), jnp.float32)
+  for i in range(n):
+    lo = i * s
+    qi = _rows(r["q"], base + lo, s) * cfg.scale
+    ki, vi, doi, gi = (_rows(r[nm], base + lo, s) for nm in ("k", "v", "do", "g"))
+    # Through the states: query reads the entering one, key feeds the leaving one.
+    ek = jnp.exp(glast - gi)
+    dk_state = _dot(vi, dstate, "nt", cfg, dt)
+    dq = jnp.exp(gi) * _dot(doi, state, "nt", cfg, dt)
+    dk = ek * dk_state
+    dv = _dot(ki * ek, dstate, "nn", cfg, dt)
+    dlast += jnp.sum(ki * dk, axis=0, keepdims=True)
+    if i:  # this query sub-chunk against earlier keys (reference: just before it)
+      gn = _rows(r["g"], base + lo - 1, 1)
+      dscores = jnp.where(earlier < lo, _dot(doi, v, "nt", cfg, dt), 0.0)
+      dq += jnp.exp(gi - gn) * _dot(dscores, k * jnp.exp(jnp.minimum(gn - g, 0.0)), "nn", cfg, dt)
+    if i < n - 1:  # this key sub-chunk against later queries (reference: its end)
+      gm = _rows(r["g"], base + lo + s - 1, 1)
+      q_ref = q * jnp.exp(jnp.minimum(g - gm, 0.0))
+      ki_ref = ki * jnp.exp(gm - gi)
+      scores = jnp.where(later >= lo + s, _dot(q_ref, ki_ref, "nt", cfg, dt), 0.0)
+      dscores = jnp.where(later >= lo + s, _dot(do, vi, "nt", cfg, dt), 0.0)
+      dv += _dot(scores, do, "tn", cfg, dt)
+      dk += jnp.exp(gm - gi) * _dot(dscores, q_ref, "tn", cfg, dt)
+    # Pairs inside the sub-chunk, exact per channel, one query row at a time.
+    for row, q_row, pair in _pair_rows(r, base + lo, qi, gi, cfg):
+      do_row = _row(r, "do", base + lo, row, doi, cfg)
+      kp = ki * pair
+      diag = jnp.sum(q_row * kp, axis=1, keepdims=True)  # [s, 1] over keys j
+      ddiag = jnp.where(rows <= row, jnp.sum(do_row * vi, axis=1, keepdims=True), 0.0)
+      dv += diag * do_row
+      dq += jnp.where(rows == row, jnp.sum(ddiag * kp, axis=0, keepdims=True), 0.0)
+      dk += ddiag * q_row * pair
+    dg = qi * dq - ki * dk
+    if i == n - 1:
+      last_row = lax.broadcasted_iota(jnp.int32, (s, 1), 0) == s - 1
+      dg += jnp.where(last_row, dlast, 0.0)
+    store("dq", base + lo, dq)
+    store("dk", base + lo, dk)
+    store("dv", base + lo, dv)
+    store("dg", base + lo, dg)
+  decay = jnp.exp(glcol)
+  r["dgl"][...] = (jnp.sum(dstate * state, axis=1, keepdims=True) * decay).astype(r["dgl"].dtype)
+  return decay * dstate + _dot(q * jnp.exp(g), do, "tn", cfg, dt)

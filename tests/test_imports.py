@@ -1,0 +1,113 @@
+"""The package's imports form no cycle, and kernels sit below ops.
+
+Reads every module of ``linear_attention`` with ``ast`` (nothing is imported)
+and builds the graph of its imports of other package modules, function-level
+(lazy) imports included: a lazy import hides a cycle, it does not remove it.
+``from a.b import c`` points at module ``a.b.c`` when that is a module, else at
+``a.b``. The implicit import of a parent package (``a.b`` runs ``a/__init__``)
+is not an edge: ``linear_attention/__init__`` imports ``ops`` first, so a
+parent package is always complete before its children are imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import linear_attention
+
+ROOT = pathlib.Path(linear_attention.__file__).parent
+PACKAGE = "linear_attention"
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  out = {}
+  for path in ROOT.rglob("*.py"):
+    parts = (PACKAGE,) + path.relative_to(ROOT).with_suffix("").parts
+    if parts[-1] == "__init__":
+      parts = parts[:-1]
+    out[".".join(parts)] = path
+  return out
+
+
+def _is_package(name: str, modules: dict[str, pathlib.Path]) -> bool:
+  return modules[name].name == "__init__.py"
+
+
+def _imports(name: str, modules: dict[str, pathlib.Path]) -> set[str]:
+  """Package modules that ``name`` imports (anywhere in its body)."""
+  tree = ast.parse(modules[name].read_text(), filename=str(modules[name]))
+  here = name if _is_package(name, modules) else name.rpartition(".")[0]
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        anchor = here.split(".")
+        anchor = anchor[:len(anchor) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+      targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                 for a in node.names]
+    else:
+      continue
+    for target in targets:
+      # The longest package module that the dotted name starts with.
+      while target and target not in modules:
+        target = target.rpartition(".")[0]
+      if target and target != name:
+        out.add(target)
+  return out
+
+
+def _graph() -> dict[str, set[str]]:
+  modules = _modules()
+  return {name: _imports(name, modules) for name in modules}
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  state: dict[str, int] = {}  # 1: on the current path, 2: done
+  path: list[str] = []
+
+  def visit(node):
+    state[node] = 1
+    path.append(node)
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 1:
+        return path[path.index(nxt):] + [nxt]
+      if nxt not in state:
+        found = visit(nxt)
+        if found:
+          return found
+    path.pop()
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node)
+      if found:
+        return found
+  return None
+
+
+def test_no_import_cycle():
+  cycle = _find_cycle(_graph())
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one():
+  graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+  assert _find_cycle(graph) == ["a", "b", "c", "a"]
+  assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_kernels_import_only_kernels_and_ops_common():
+  """ops -> kernels -> ops.common: a kernel never reaches back into the ops."""
+  allowed = ("linear_attention.kernels", "linear_attention.ops.common")
+  for name, targets in _graph().items():
+    if name.startswith("linear_attention.kernels"):
+      bad = sorted(t for t in targets if not t.startswith(allowed))
+      assert not bad, f"{name} imports {bad}; kernels may import only kernels and ops.common"
+  assert _graph()["linear_attention.ops.common"] <= set(), "ops.common must import no package module"
