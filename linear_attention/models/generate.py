@@ -8,12 +8,14 @@ merged again inside ``jax.jit``; the prompt is fed token by token through
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from linear_attention.models import lm
 from linear_attention.nn.base import RandomFeatures
 
 Array = jax.Array
@@ -71,11 +73,29 @@ def generate(model: nnx.Module, prompt: Array, max_new_tokens: int, *, temperatu
 
   Returns:
     ``[B, Tp + max_new_tokens]`` int32: the prompt then the new tokens.
+
+  Raises:
+    ValueError: a prompt that is not ``[B, Tp]`` integer ids, an id outside the model's
+      vocabulary (checked when the prompt is concrete), ``max_new_tokens < 1``, a negative
+      or non-finite ``temperature``, ``top_k`` outside ``1 .. vocab_size``, or no ``key``
+      when sampling.
   """
-  if prompt.ndim != 2 or prompt.shape[1] < 1:
-    raise ValueError(f"prompt must have shape [B, Tp] with Tp >= 1, got {list(prompt.shape)}.")
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+  if getattr(prompt, "ndim", None) != 2 or prompt.shape[1] < 1:
+    raise ValueError(f"prompt must have shape [B, Tp] with Tp >= 1, got "
+                     f"{list(getattr(prompt, 'shape', [type(prompt).__name__]))}.")
+  vocab = getattr(model, "vocab_size", None)
+  if vocab is not None:
+    lm.check_token_ids(prompt, vocab, "prompt")
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
+  if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+          and temperature >= 0):
+    # A negative temperature would sample the inverted distribution.
+    raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got "
+                     f"{temperature!r}.")
+  if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+                            or (vocab is not None and top_k > vocab)):
+    raise ValueError(f"top_k must be None or an int in 1..vocab_size={vocab}, got {top_k!r}.")
   if key is None:
     if temperature != 0:
       raise ValueError("key is required when sampling (temperature != 0).")

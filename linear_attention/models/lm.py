@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from linear_attention.models.blocks import Block
@@ -19,6 +20,26 @@ from linear_attention.nn import base
 from linear_attention.nn import registry
 
 Array = jax.Array
+
+
+def check_token_ids(tokens: Any, vocab_size: int, name: str = "tokens") -> None:
+  """Raises a ``ValueError`` unless ``tokens`` are integer ids in ``[0, vocab_size)``.
+
+  The dtype is checked always; the values only where they are concrete (not under
+  ``jit``), since an out-of-range id does not fail in the embedding: it gives NaN logits
+  (id >= vocab) or wraps around (negative ids).
+  """
+  dtype = getattr(tokens, "dtype", None)
+  if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+    raise ValueError(f"{name} must be integer token ids, got "
+                     f"{'dtype ' + str(dtype) if dtype is not None else type(tokens).__name__}.")
+  if isinstance(tokens, jax.core.Tracer) or tokens.size == 0:
+    return
+  host = np.asarray(tokens)  # concrete: a constant even inside a traced function
+  lo, hi = int(host.min()), int(host.max())
+  if lo < 0 or hi >= vocab_size:
+    raise ValueError(f"{name} holds token id {lo if lo < 0 else hi}, outside the vocabulary of "
+                     f"size {vocab_size} (valid ids 0..{vocab_size - 1}).")
 
 
 def resolve_pattern(num_layers: int | None, mixer: str | None = None,
@@ -36,6 +57,8 @@ def resolve_pattern(num_layers: int | None, mixer: str | None = None,
   Raises:
     ValueError: unknown letters or names, or neither/both of ``mixer`` and ``pattern``.
   """
+  if num_layers is not None:
+    base.check_positive("num_layers (None: the pattern's length)", num_layers)
   if pattern is None:
     if mixer is None or num_layers is None:
       raise ValueError("give mixer= and num_layers=, or a pattern=.")
@@ -74,6 +97,8 @@ class Backbone(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    base.check_positive("vocab_size", vocab_size)
+    base.check_positive("d_model", d_model)
     names = resolve_pattern(num_layers, mixer, pattern, pattern_letters)
     mixer_kwargs = dict(mixer_kwargs or {})
     unknown = sorted(set(mixer_kwargs) - set(registry.MIXERS))
@@ -100,6 +125,7 @@ class Backbone(nnx.Module):
 
   def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:
     """``tokens [B, T]`` int -> hidden ``[B, T, D]``."""
+    check_token_ids(tokens, self.vocab_size)
     return self.run(self.embed(tokens), segment_ids)
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> list:
@@ -109,6 +135,7 @@ class Backbone(nnx.Module):
 
   def decode_step(self, tokens: Array, cache: list) -> tuple[Array, list]:
     """``tokens [B]`` -> ``(hidden [B, D], cache)``."""
+    check_token_ids(tokens, self.vocab_size)
     x = self.embed(tokens)
     new = []
     for blk, c in zip(self.blocks, cache):
@@ -158,6 +185,11 @@ class LanguageModel(nnx.Module):
   def mixer_names(self) -> tuple[str, ...]:
     """The mixer of every block, in order."""
     return self.backbone.mixer_names
+
+  @property
+  def vocab_size(self) -> int:
+    """``V``: token ids are ``0 .. V-1``."""
+    return self.backbone.vocab_size
 
   @property
   def blocks(self):
@@ -214,6 +246,7 @@ class SequenceClassifier(nnx.Module):
                short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     if pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}.")
+    base.check_positive("num_classes", num_classes)
     self.pooling = pooling
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
@@ -227,6 +260,7 @@ class SequenceClassifier(nnx.Module):
 
   def __call__(self, tokens: Array, mask: Array | None = None) -> Array:
     """``tokens [B, T]`` int, optional bool ``mask`` broadcastable to ``[B, T]`` (True: real token) -> ``[B, C]``."""
+    check_token_ids(tokens, self.backbone.vocab_size)
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else jnp.broadcast_to(mask.astype(bool), (b, t))
     x = self.backbone.embed(tokens)

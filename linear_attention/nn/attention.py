@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 
 from linear_attention.nn import base
+from linear_attention.nn.base import check_positive
 from linear_attention.ops import lowrank as lowrank_ops
 from linear_attention.ops import softmax as softmax_ops
 from linear_attention.ops import sparse as sparse_ops
@@ -78,13 +80,27 @@ class SoftmaxAttention(base.Mixer):
   def _cache_len(self, max_len: int) -> int:
     return max_len
 
+  def _cache_limit(self, max_len: int) -> int:
+    """The first position the cache cannot hold exactly."""
+    return max_len
+
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
-    """``{"k", "v": [B, L, Hkv, Dh] in dtype, "pos": int32 scalar}``."""
+    """``{"k", "v": [B, L, Hkv, Dh] in dtype, "pos", "limit": int32, "overflow": bool}``.
+
+    Decoding more than ``max_len`` tokens is an error where the position is concrete
+    (eager calls). Under ``jit`` it cannot raise: a token past the limit then overwrites the
+    newest slot (the outputs stay finite but no longer equal the full attention) and the
+    cache's ``"overflow"`` flag turns True for good; read it with :func:`cache_overflowed`.
+    """
     if not self.causal:
       return super().init_cache(batch, max_len, dtype)
+    check_positive("batch", batch)
+    check_positive("max_len", max_len)
     shape = (batch, self._cache_len(max_len), self.num_kv_heads, self.head_dim)
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-            "pos": jnp.zeros((), jnp.int32)}
+            "pos": jnp.zeros((), jnp.int32),
+            "limit": jnp.asarray(self._cache_limit(max_len), jnp.int32),
+            "overflow": jnp.zeros((), bool)}
 
   def _slot_and_visible(self, pos: Array, length: int):
     # Full cache: token t lives in slot t; slots up to pos are filled.
@@ -96,6 +112,11 @@ class SoftmaxAttention(base.Mixer):
       return super().decode_step(x, cache)
     b = x.shape[0]
     pos = cache["pos"]
+    limit = cache.get("limit")  # absent in caches made before the limit was recorded
+    if (limit is not None and not isinstance(pos, jax.core.Tracer)
+        and not isinstance(limit, jax.core.Tracer) and int(pos) >= int(limit)):
+      raise ValueError(f"decode_step at position {int(pos)}, but the cache was made by "
+                       f"init_cache(max_len={int(limit)}); make it with a larger max_len.")
     q, k, v = self._qkv(x[:, None], jnp.full((b, 1), pos, jnp.int32))
     length = cache["k"].shape[1]
     slot, visible = self._slot_and_visible(pos, length)
@@ -106,7 +127,10 @@ class SoftmaxAttention(base.Mixer):
         q, base.repeat_kv(keys, self.groups).astype(q.dtype),
         base.repeat_kv(values, self.groups).astype(q.dtype), visible[None, None, :], scale)
     y = self.o_proj(base.merge_heads(o[:, 0].astype(x.dtype)))
-    return y, {"k": keys, "v": values, "pos": pos + 1}
+    new = {**cache, "k": keys, "v": values, "pos": pos + 1}
+    if limit is not None:
+      new["overflow"] = cache["overflow"] | (pos >= limit)
+    return y, new
 
 
 class LocalAttention(SoftmaxAttention):
@@ -138,6 +162,11 @@ class LocalAttention(SoftmaxAttention):
 
   def _cache_len(self, max_len: int) -> int:
     return min(self.window, max_len)
+
+  def _cache_limit(self, max_len: int) -> int:
+    # A rolling cache of the whole window decodes forever; a shorter one (max_len < window)
+    # would silently narrow the window past max_len tokens.
+    return max_len if max_len < self.window else np.iinfo(np.int32).max
 
   def _slot_and_visible(self, pos: Array, length: int):
     # Rolling cache: token t lives in slot t % length; every filled slot is in

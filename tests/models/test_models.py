@@ -120,6 +120,94 @@ def test_generate_rejects_bad_arguments():
     models.generate(model, tokens()[0], 3, temperature=0.0)
 
 
+@pytest.mark.parametrize("kw,match", [
+    (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=0), "top_k must be None or an int in 1..vocab_size=41, got 0"),
+    (dict(top_k=V + 1), "top_k .* got 42"),
+])
+def test_generate_refuses_bad_sampling_arguments_by_name(kw, match):
+  with pytest.raises(ValueError, match=match):
+    models.generate(lm(mixer="gla", num_layers=1), tokens(t=2), 3, key=jax.random.PRNGKey(0),
+                    **kw)
+
+
+@pytest.mark.parametrize("bad", [V, V + 7, -1])
+def test_token_ids_outside_the_vocabulary_are_refused_with_the_id_and_size(bad):
+  model = lm(mixer="gla", num_layers=1)
+  prompt = tokens(t=3).at[1, 2].set(bad)
+  with pytest.raises(ValueError, match=f"prompt holds token id {bad}, outside the vocabulary "
+                                       f"of size {V}"):
+    models.generate(model, prompt, 2, temperature=0.0)
+  with pytest.raises(ValueError, match=f"token id {bad}.*size {V}"):
+    model(prompt)  # eager forward: concrete ids are checked too
+  with pytest.raises(ValueError, match="integer token ids"):
+    models.generate(model, prompt.astype(jnp.float32), 2, temperature=0.0)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(vocab_size=0), "vocab_size must be an int >= 1, got 0"),
+    (dict(d_model=0), "d_model must be an int >= 1, got 0"),
+    (dict(num_layers=0), "num_layers .* must be an int >= 1"),
+    (dict(num_heads=0), "num_heads must be an int >= 1, got 0"),
+])
+def test_model_sizes_are_checked_by_name(kw, match):
+  args = dict(vocab_size=V, d_model=D, num_layers=1, num_heads=H)
+  args.update(kw)
+  with pytest.raises(ValueError, match=match):
+    models.LanguageModel(args.pop("vocab_size"), args.pop("d_model"), args.pop("num_layers"),
+                         mixer="gla", rngs=nnx.Rngs(0), **args)
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "local"])
+def test_decoding_past_the_cache_raises_eagerly_and_flags_under_jit(mixer):
+  model = lm(mixer=mixer, num_layers=1, mixer_kwargs={"local": {"window": 8}})
+  tok = jnp.zeros((1,), jnp.int32)
+  cache = model.init_cache(1, 2)
+  for _ in range(2):
+    _, cache = model.decode_step(tok, cache)
+  with pytest.raises(ValueError, match="position 2, but the cache was made by "
+                                       "init_cache\\(max_len=2\\)"):
+    model.decode_step(tok, cache)
+
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def decode(state, cache):
+    m = nnx.merge(graphdef, state)
+    out = []
+    for _ in range(5):
+      logits, cache = m.decode_step(tok, cache)
+      out.append(logits)
+    return jnp.stack(out), cache
+
+  logits, cache = decode(state, model.init_cache(1, 2))
+  assert bool(jnp.all(jnp.isfinite(logits)))  # clamped, never NaN
+  assert bool(lnn.base.cache_overflowed(cache))
+  exact, fits = decode(state, model.init_cache(1, 5))
+  assert not bool(lnn.base.cache_overflowed(fits))
+  helpers.assert_close(logits[:2], exact[:2])  # within the limit nothing changed
+
+
+def test_a_local_cache_as_long_as_the_window_decodes_forever():
+  model = lm(mixer="local", num_layers=1)  # window 4
+  cache = model.init_cache(1, 4)
+  for _ in range(9):
+    _, cache = model.decode_step(jnp.zeros((1,), jnp.int32), cache)
+  assert not bool(lnn.base.cache_overflowed(cache))
+
+
+def test_mean_pooling_ignores_padding():
+  # A causal mixer: the hidden states of the real tokens do not see the padding, so the
+  # padded, masked row must pool to the unpadded row.
+  clf = models.SequenceClassifier(V, 3, D, 1, mixer="gla", pooling="mean", num_heads=H,
+                                  rngs=nnx.Rngs(0))
+  toks = tokens(t=11)
+  padded = toks.at[:, 7:].set(5)
+  mask = jnp.broadcast_to(jnp.arange(11) < 7, (2, 11))
+  helpers.assert_close(clf(padded, mask=mask), clf(toks[:, :7]), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("pooling,mixer", [("mean", "linformer"), ("cls", "longformer"),
                                            ("last", "gla")])
 def test_classifier(pooling, mixer):

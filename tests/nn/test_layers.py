@@ -121,7 +121,7 @@ def test_bfloat16_params_float32_state(name):
     key = path[-1].key
     if key in ("k", "v"):
       assert leaf.dtype == jnp.bfloat16, path
-    elif key != "pos":
+    elif key not in ("pos", "limit", "overflow"):  # counters and the overflow flag
       assert leaf.dtype in (jnp.float32, jnp.complex64), (path, leaf.dtype)
 
 
@@ -174,6 +174,28 @@ def test_random_feature_redraw():
   blk = np.asarray(after[:D // H])
   gram = blk @ blk.T
   np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", lnn.MIXERS)
+def test_layer_arguments_are_checked_by_name(name):
+  kw = TINY.get(name, {})
+  for d, h, match in ((0, 2, "d_model must be an int >= 1, got 0"),
+                      (16, 0, "num_heads must be an int >= 1, got 0")):
+    with pytest.raises(ValueError, match=match):
+      lnn.make_mixer(name, d, h, rngs=nnx.Rngs(0), **kw)
+  layer = build(name)
+  width = layer.d_model
+  cases = [(jnp.ones((2, 8, width + 2)), "x must have shape \\[batch, seq, d_model\\] with "
+                                         f"d_model={width} last, got shape \\(2, 8, {width + 2}\\)"),
+           (jnp.ones((8, width)), "x must have shape \\[batch, seq, d_model\\] \\(rank 3\\)"),
+           (jnp.ones((2, 8, width), jnp.int32), "x must be a floating-point array.*int32")]
+  for x, match in cases:
+    with pytest.raises(ValueError, match=match):
+      layer(x)
+  if layer.causal:
+    cache = layer.init_cache(2, 4)
+    with pytest.raises(ValueError, match="x must have shape \\[batch, d_model\\]"):
+      layer.decode_step(jnp.ones((2, 1, width)), cache)
 
 
 def test_registry_errors():

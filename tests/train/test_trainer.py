@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from linear_attention import models, train
+from linear_attention import nn as lnn
 from linear_attention.train import optim
 from tests.train.fake_data import FakeDataset, fake_config
 
@@ -35,6 +36,36 @@ def test_decay_mask_skips_norms_biases_and_1d():
   # Hawk's gate bias is 2-D ([heads, width]) but a bias: not decayed.
   gate_b = [k for k in flat if "'gate_i']['b']" in k]
   assert gate_b and not flat[gate_b[0]][0] and flat[gate_b[0]][1] == 2
+
+
+# Written out, not read from optim.NO_DECAY_NAMES: dropping a name there must fail here.
+EXPECTED_NO_DECAY = ("scale", "bias", "b", "dt_bias", "A_log", "D", "log_lambda", "log_dt",
+                     "A_imag", "log_neg_A_real", "decay_base", "bonus", "maa_x", "maa_wkvrg")
+
+
+def test_decay_mask_excludes_every_named_parameter_whatever_its_rank():
+  params = {n: jnp.ones((2, 3)) for n in EXPECTED_NO_DECAY}
+  params["kernel"] = jnp.ones((2, 3))
+  mask = optim.decay_mask(params)
+  assert [n for n in EXPECTED_NO_DECAY if mask[n]] == []
+  assert mask["kernel"]
+
+
+def test_decay_mask_on_every_mixer_excludes_the_named_matrices():
+  # Every pattern letter once: RWKV-6's bonus and token-shift mixes, Mamba's A_log, Hawk's
+  # gate bias and S4D's poles are 2-D yet not decayed; projections and embeddings are.
+  letters = "".join(lnn.PATTERN_LETTERS)
+  model = models.LanguageModel(32, 16, None, pattern=letters, num_heads=2, rngs=nnx.Rngs(0),
+                               mixer_kwargs={"rwkv6": dict(mix_low_rank=4, decay_low_rank=4)})
+  params = nnx.state(model, nnx.Param)
+  mask = optim.decay_mask(params)
+  excluded, decayed = set(), set()
+  for (path, m), x in zip(jax.tree_util.tree_leaves_with_path(mask),
+                          jax.tree_util.tree_leaves(params)):
+    if x.ndim >= 2:
+      (decayed if m else excluded).add(optim._name(path))
+  assert excluded == {"A_imag", "A_log", "b", "bonus", "log_neg_A_real", "maa_wkvrg"}
+  assert {"kernel", "embedding"} <= decayed
 
 
 def test_weight_decay_leaves_masked_params_alone():
@@ -181,3 +212,46 @@ def test_evaluate_checkpoint_reproduces_validation_and_changes_the_data(tmp_path
     train.evaluate_checkpoint(wd, {"num_kv_pairs": 0})
   with pytest.raises(ValueError, match="config.json"):
     train.evaluate_checkpoint(str(tmp_path))
+
+
+class _Interrupted(Exception):
+  pass
+
+
+class _RecordingDataset(FakeDataset):
+  """Records the training steps it is asked for; raises at ``crash_at`` (a killed run)."""
+
+  def __init__(self, crash_at=None):
+    super().__init__()
+    self.crash_at, self.steps = crash_at, []
+
+  def batch(self, step, split="train"):
+    if split == "train":
+      self.steps.append(step)
+      if step == self.crash_at:
+        raise _Interrupted(step)
+    return super().batch(step, split)
+
+
+def test_resume_restores_the_optimiser_state_and_the_data_position(tmp_path):
+  cfg = fake_config(steps=6, checkpoint_every=2, keep_checkpoints=3, eval_every=0)
+  full = train.train_and_evaluate(cfg, str(tmp_path / "full"), dataset=FakeDataset(),
+                                  verbose=False)
+  wd = str(tmp_path / "cut")
+  with pytest.raises(_Interrupted):
+    train.train_and_evaluate(cfg, wd, dataset=_RecordingDataset(crash_at=4), verbose=False)
+  # The optimiser's moments and step counts are in the checkpoint, not only the parameters.
+  opt_state = {jax.tree_util.keystr(p): np.asarray(x) for p, x in
+               jax.tree_util.tree_leaves_with_path(train.load_checkpoint(wd, 4)["1"])}
+  counts = [v for k, v in opt_state.items() if "count" in k or "'step'" in k]
+  assert counts and all(int(c) == 4 for c in counts)
+  assert all(np.any(v != 0) for k, v in opt_state.items() if "['mu']" in k)
+  ds = _RecordingDataset()
+  resumed = train.train_and_evaluate(cfg, wd, dataset=ds, verbose=False)
+  assert ds.steps == [0, 4, 5]  # the first-batch check, then the data from step 4 on
+  for k in ("train_loss", "validation_loss", "validation_accuracy"):
+    assert resumed[k] == full[k], k
+  # Bit for bit: a resume that dropped the optimiser state would differ in parameters.
+  for x, y in zip(_leaves(train.load_checkpoint(str(tmp_path / "full"), 6)),
+                  _leaves(train.load_checkpoint(wd, 6))):
+    np.testing.assert_array_equal(x, y)
