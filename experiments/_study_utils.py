@@ -103,8 +103,31 @@ def loglog_slope(xs, ys) -> float | None:
 # ----------------------------------------------------------------------------- training grids
 
 
+def collect_grid(runs_dir: str, points: list[dict]) -> list[dict]:
+  """The rows :func:`train_grid` would return, read from ``runs_dir`` without training.
+
+  A point whose run finished is ``done`` (with its metrics); any other is ``not run``, so
+  that a study stopped part-way can still write what it has.
+  """
+  from linear_attention import sweep
+
+  rows = []
+  for i, p in enumerate(points):
+    name = sweep.point_name(i, p)
+    try:
+      with open(os.path.join(runs_dir, name, sweep.STATUS_FILE)) as f:
+        rec = json.load(f)
+    except (OSError, json.JSONDecodeError):
+      rec = None
+    if rec and rec.get("status") == "done":
+      rows.append({"point": name, **rec, "skipped": True})
+    else:
+      rows.append({"point": name, "status": "not run", "overrides": p, "metrics": None})
+  return rows
+
+
 def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int = 1,
-               extra_flags: tuple[str, ...] = ()) -> list[dict]:
+               extra_flags: tuple[str, ...] = (), collect_only: bool = False) -> list[dict]:
   """Trains every point (a ``--config`` override dict) as its own process; see ``sweep``.
 
   Finished points are skipped on a rerun (their ``sweep_status.json`` says done), so an
@@ -117,6 +140,7 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
     runs_dir: one sub-directory per point (checkpoints, logs); not a results folder.
     workers: concurrent training processes.
     extra_flags: ``--config.*`` flags given to every point.
+    collect_only: train nothing; report the finished points (see :func:`collect_grid`).
 
   Returns:
     One row per point: ``point, status, overrides, metrics`` (``final_metrics.json``),
@@ -128,7 +152,10 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
   flags = os.environ.get("XLA_FLAGS", "")
   if workers >= (os.cpu_count() or 1) and "xla_cpu_multi_thread_eigen" not in flags:
     os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
-  rows = sweep.run_sweep(config_arg, runs_dir, workers, extra_flags, points=points)
+  if collect_only:
+    rows = collect_grid(runs_dir, points)
+  else:
+    rows = sweep.run_sweep(config_arg, runs_dir, workers, extra_flags, points=points)
   for r in rows:
     wd = os.path.join(runs_dir, r["point"])
     r["workdir"] = wd
@@ -159,7 +186,12 @@ def finish(out_dir: str, name: str, result: dict, table: list[dict],
   write_json(os.path.join(out_dir, f"{name}.json"), result)
   write_csv(os.path.join(out_dir, f"{name}.csv"), table, [c[0] for c in columns])
   print(format_table(table, columns))
-  failed = [f"{r['point']}: {r.get('error')}" for r in rows if r["status"] != "done"]
+  not_run = [r["point"] for r in rows if r["status"] == "not run"]
+  if not_run:
+    print(f"{len(not_run)} of {len(rows)} runs not run yet (rerun without --collect to train "
+          "them):\n" + "\n".join(not_run), file=sys.stderr)
+  failed = [f"{r['point']}: {r.get('error')}" for r in rows
+            if r["status"] not in ("done", "not run")]
   if failed:
     print("failed runs:\n" + "\n".join(failed), file=sys.stderr)
   return 1 if failed else 0
@@ -187,6 +219,8 @@ def study_args(description: str, name: str):
                       "runs there are reused")
   p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                  help="concurrent training processes")
+  p.add_argument("--collect", action="store_true",
+                 help="train nothing: write the results of the runs finished so far")
   p.add_argument("--steps-scale", type=float, default=1.0,
                  help="multiply every run's training steps (more compute: closer to the papers)")
   return p

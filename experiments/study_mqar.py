@@ -127,7 +127,7 @@ def main() -> int:
            "--config.train.early_stop_metric=accuracy",
            f"--config.train.early_stop_value={size['early_stop']}")
   rows = su.train_grid("configs/mqar.py:size=small", points, su.runs_dir(args, "mqar"),
-                       args.workers, flags)
+                       args.workers, flags, collect_only=args.collect)
 
   from linear_attention.train import trainer
   for r in rows:

@@ -102,7 +102,8 @@ def main() -> int:
                            os.path.join(root, "induction_heads_dense"), args.workers,
                            _flags(size, ind) + ("--config.data.dense=True",
                                                 "--config.train.early_stop_metric=accuracy",
-                                                f"--config.train.early_stop_value={size['early_stop']}"))
+                                                f"--config.train.early_stop_value={size['early_stop']}"),
+                           collect_only=args.collect)
 
   from linear_attention.train import trainer
   for r in ind_rows:
@@ -126,7 +127,8 @@ def main() -> int:
   copy_rows = su.train_grid("configs/selective_copying.py:size=small",
                             [{"model.mixer": m} for m in cp["mixers"]],
                             os.path.join(root, "selective_copying"), args.workers,
-                            _flags(size, cp) + (f"--config.data.num_tokens={cp['num_tokens']}",))
+                            _flags(size, cp) + (f"--config.data.num_tokens={cp['num_tokens']}",),
+                            collect_only=args.collect)
   for r in copy_rows:
     if r["status"] == "done":
       res = trainer.evaluate_checkpoint(r["workdir"], {"batch_size": 64}, num_batches=4,
