@@ -102,7 +102,9 @@ logit scale), from ``comparison``: the paired test over seeds on the log MSE
   unclear: no significant difference).
 
 Results at smoke size are judged by the same rules, with "smoke-size results"
-in the reason: they carry no evidence. A results file missing, or in a format
+in the reason: they carry no evidence. A study written part-way (runs "not
+run" yet, ``--collect``) is judged on the runs it has, with "partial results"
+in the reason. A results file missing, or in a format
 older than the study script, gives "not measured" rows.
 
     python experiments/claims.py [--results DIR] [--out FILE]
@@ -213,8 +215,12 @@ def _smoke(result: dict) -> bool:
   return bool(result.get("config", {}).get("smoke"))
 
 
-def _finish(rows: list[dict], result: dict) -> list[dict]:
-  """Marks smoke-size results in every row's reason."""
+def _finish(rows: list[dict], result: dict, runs: list[dict] = ()) -> list[dict]:
+  """Marks smoke-size and partial results (``runs`` not run yet) in every row's reason."""
+  not_run = sum(r.get("status") == "not run" for r in runs)
+  if not_run:
+    for r in rows:
+      r["reason"] = f"partial results: {not_run} of {len(runs)} runs not run yet; " + r["reason"]
   if _smoke(result):
     for r in rows:
       r["reason"] = "smoke-size results (no evidence); " + r["reason"]
@@ -262,8 +268,11 @@ def mqar_claims(result: dict) -> list[dict]:
     add("attention", "no softmax run with the short convolution", NOT_MEASURED, budget)
   else:
     low = min(soft, key=lambda r: r["accuracy"])
+    cfg = result.get("config", {})
+    grid = len(cfg.get("settings") or []) * len(cfg.get("widths") or [])
     ours = (f"min {_acc(low['accuracy'], low['se'], low['test_queries'])} at {where(low)}; "
-            f"{len(soft)} points")
+            f"{len(soft)} point{'s' * (len(soft) != 1)}"
+            + (f" of {grid} configured" if grid and grid != len(soft) else ""))
     if low["accuracy"] >= SOLVED:
       add("attention", ours, REPRODUCED, f">= {SOLVED} everywhere; {budget}")
     else:
@@ -313,6 +322,8 @@ def mqar_claims(result: dict) -> list[dict]:
              + (f" ({saturated} more solved at both widths)" if saturated else ""))
   if not counted:
     add("state", ours, NOT_MEASURED, f"too few recurrent points; {budget}")
+  elif not pairs and not saturated:
+    add("state", ours, NOT_MEASURED, f"one width only: no pair to compare; {budget}")
   else:
     positive = all(rho is not None and rho > 0 for _, _, rho in rhos)
     most = pairs > 0 and improved > pairs / 2
@@ -321,12 +332,12 @@ def mqar_claims(result: dict) -> list[dict]:
     else:
       why = [] if positive else ["correlation not positive in every setting"]
       why += [] if most else ["no majority of pairs improves" if pairs else
-                              "every pair solved at both widths" if saturated else
-                              "one width only"]
+                              "every pair solved at both widths"]
       add("state", ours, NOT_REPRODUCED, f"{'; '.join(why)}; {budget}")
 
-  # 3. The gap at the largest setting.
-  t_max = max((r["seq_len"] for r in soft + rec), default=None)
+  # 3. The gap at the largest setting (the study's, whether trained yet or not).
+  configured = [t for t, _ in result.get("config", {}).get("settings") or []]
+  t_max = max(configured or [r["seq_len"] for r in soft + rec] or [None])
   gaps = []
   for d in sorted({r["d_model"] for r in soft if r["seq_len"] == t_max}):
     s = next(r for r in soft if r["seq_len"] == t_max and r["d_model"] == d)
@@ -335,7 +346,8 @@ def mqar_claims(result: dict) -> list[dict]:
       top = max(peers, key=lambda r: r["accuracy"])
       gaps.append((d, top["mixer"], s["accuracy"] - top["accuracy"], diff_se(s["se"], top["se"])))
   if not gaps:
-    add("gap", "no softmax and recurrent runs at the same setting and width", NOT_MEASURED, budget)
+    add("gap", f"no softmax and recurrent runs at the same width at T={t_max}", NOT_MEASURED,
+        budget)
   else:
     ours = f"softmax - best recurrent at T={t_max}: " + "; ".join(
         f"d={d} {g:+.3f} ± {se:.3f} ({m})" for d, m, g, se in gaps)
@@ -367,7 +379,7 @@ def mqar_claims(result: dict) -> list[dict]:
           f"better at most points, by > {Z:g} SE at {n_sig}/{len(diffs)}; {budget}")
     else:
       add("recipe", ours, NOT_REPRODUCED, f"not better at most points; {budget}")
-  return _finish(rows, result)
+  return _finish(rows, result, result.get("runs") or [])
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -512,7 +524,7 @@ def synthetic_claims(result: dict) -> list[dict]:
       else:
         add("rope", show("softmax"), NOT_REPRODUCED,
             f"no drop by > {Z:g} SE at {t1}; {ibudget}")
-  return _finish(rows, result)
+  return _finish(rows, result, result["selective_copying"] + result["induction_heads"])
 
 
 # ----------------------------------------------------------------------------- LM
@@ -583,7 +595,7 @@ def lm_claims(result: dict) -> list[dict]:
       claim, source, published = LM_CLAIMS[key]
       rows.append(_row(study, claim.format(corpus="no corpus"), source, published, "-",
                        NOT_MEASURED, "empty table"))
-  return _finish(rows, result)
+  return _finish(rows, result, result.get("runs") or [])
 
 
 # ----------------------------------------------------------------------------- ListOps
@@ -620,14 +632,14 @@ def listops_claims(result: dict) -> list[dict]:
   if "softmax" not in acc:
     for key in LISTOPS_CLAIMS:
       add(key, "-", NOT_MEASURED, f"no softmax result; {reduced}")
-    return _finish(rows, result)
+    return _finish(rows, result, result.get("runs") or [])
   ref = f"softmax {_acc(acc['softmax'], se['softmax'], n)}" + (
       f"; majority class {majority:.3f}" if majority is not None else "")
   if majority is not None and not significant(acc["softmax"] - majority, se["softmax"]):
     for key in LISTOPS_CLAIMS:
       add(key, ref, NOT_MEASURED, f"softmax not above the majority class by > {Z:g} SE; "
           f"{reduced}")
-    return _finish(rows, result)
+    return _finish(rows, result, result.get("runs") or [])
 
   others = {m: p for m, p in acc.items() if m != "softmax"}
   if not others:
@@ -653,7 +665,7 @@ def listops_claims(result: dict) -> list[dict]:
       add("performer", ours, IN_SHAPE, f"below softmax by > {Z:g} SE; {reduced}")
     else:
       add("performer", ours, NOT_REPRODUCED, f"not below softmax by > {Z:g} SE; {reduced}")
-  return _finish(rows, result)
+  return _finish(rows, result, result.get("runs") or [])
 
 
 # ----------------------------------------------------------------------------- cost

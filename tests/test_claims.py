@@ -124,6 +124,10 @@ def test_mqar_state_size_against_the_trend():
             mq_row("hawk", 0.3, d=64), mq_row("hawk", 0.6, d=128)]
   row = by_claim(claims.mqar_claims(mq_result(table)), "larger state")
   assert "1/3" in row["ours"] and "1 more solved at both widths" in row["ours"]
+  # One width: the correlation alone does not decide.
+  one = mq_result([mq_row("softmax", 0.99), mq_row("gla", 0.5, state=10),
+                   mq_row("mamba", 0.6, state=20), mq_row("hawk", 0.7, state=30)])
+  assert by_claim(claims.mqar_claims(one), "larger state")["verdict"] == claims.NOT_MEASURED
   # One recurrent point per setting: nothing to correlate.
   few = mq_result([mq_row("softmax", 0.99), mq_row("gla", 0.5)])
   assert by_claim(claims.mqar_claims(few), "larger state")["verdict"] == claims.NOT_MEASURED
@@ -135,11 +139,26 @@ def test_mqar_gap_positive_but_not_significant():
   assert row["verdict"] == claims.IN_SHAPE
 
 
+def test_mqar_gap_at_the_configured_larger_setting():
+  res = mq_result([mq_row("softmax", 0.99, t=64), mq_row("gla", 0.5, t=64)])
+  res["config"]["settings"] = [[64, 4], [128, 8]]  # T=128 not trained (yet)
+  row = by_claim(claims.mqar_claims(res), "fall short")
+  assert row["verdict"] == claims.NOT_MEASURED and "T=128" in row["ours"]
+
+
 def test_mqar_old_format_is_not_measured():
   old = {"config": {"smoke": False}, "table": [{"mixer": "softmax", "d_model": 64, "acc_64": 0.1}]}
   rows = claims.study_claims("mqar", old)
   assert len(rows) == len(claims.MQAR_CLAIMS)
   assert all(r["verdict"] == claims.NOT_MEASURED and "older format" in r["reason"] for r in rows)
+
+
+def test_partial_results_say_so():
+  res = zoology_like()
+  res["runs"] = [{"status": "done"}] * 3 + [{"status": "not run"}]
+  rows = claims.mqar_claims(res)
+  assert all(r["reason"].startswith("partial results: 1 of 4 runs") for r in rows)
+  assert by_claim(rows, "Attention solves")["verdict"] == claims.REPRODUCED
 
 
 def test_smoke_results_say_so():
