@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,21 +25,48 @@ def keys(seed: int, n: int):
   return list(jax.random.split(jax.random.PRNGKey(seed), n))
 
 
+def _as_f32(x):
+  return np.asarray(jnp.asarray(x, jnp.float32))
+
+
 def assert_close(actual, expected, rtol=1e-4, atol=1e-4, err_msg=""):
-  """``np.testing.assert_allclose`` on float32 copies; also checks finiteness."""
-  a = np.asarray(jnp.asarray(actual, jnp.float32))
-  e = np.asarray(jnp.asarray(expected, jnp.float32))
+  """``actual`` is finite and within ``atol + rtol * |expected|`` of ``expected``.
+
+  Both are compared as float32 (so bfloat16 results meet float32 references).
+  """
+  a, e = _as_f32(actual), _as_f32(expected)
   assert np.all(np.isfinite(a)), f"non-finite values in result {err_msg}"
-  np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=err_msg)
+  chex.assert_trees_all_close(a, e, rtol=rtol, atol=atol, custom_message=err_msg)
 
 
-def assert_tree_close(actual, expected, rtol=1e-4, atol=1e-4):
-  """``assert_close`` leaf by leaf over two pytrees of the same structure."""
-  la, ta = jax.tree_util.tree_flatten(actual)
-  le, te = jax.tree_util.tree_flatten(expected)
-  assert ta == te, f"tree structures differ: {ta} vs {te}"
-  for i, (a, e) in enumerate(zip(la, le)):
-    assert_close(a, e, rtol, atol, err_msg=f"leaf {i}")
+def assert_tree_close(actual, expected, rtol=1e-4, atol=1e-4, err_msg=""):
+  """:func:`assert_close` over two pytrees of one structure (``None`` leaves drop out)."""
+  chex.assert_trees_all_equal_structs(actual, expected)
+  a = jax.tree_util.tree_map(_as_f32, actual)
+  e = jax.tree_util.tree_map(_as_f32, expected)
+  for i, leaf in enumerate(jax.tree_util.tree_leaves(a)):
+    assert np.all(np.isfinite(leaf)), f"non-finite values in leaf {i} {err_msg}"
+  chex.assert_trees_all_close(a, e, rtol=rtol, atol=atol, custom_message=err_msg)
+
+
+def value_and_grads(fn, args, argnums=None, seed=0):
+  """``(fn(*args), grads)`` of ``sum(out * w)`` over every output leaf, one jit.
+
+  ``w`` is a fixed random cotangent per leaf (so every output element counts),
+  drawn with numpy: ``jax.random`` inside the jit would add a sampler to
+  every compile. ``argnums`` defaults to every argument.
+  """
+  argnums = tuple(range(len(args))) if argnums is None else tuple(argnums)
+  rng = np.random.default_rng(seed)
+  ws = [rng.standard_normal(l.shape).astype(np.float32)
+        for l in jax.tree_util.tree_leaves(jax.eval_shape(fn, *args))]
+
+  def loss(*a):
+    leaves = jax.tree_util.tree_leaves(fn(*a))
+    return sum(jnp.sum(l.astype(jnp.float32) * w) for l, w in zip(leaves, ws))
+
+  grad = jax.grad(loss, argnums=argnums)
+  return jax.jit(lambda *a: (fn(*a), grad(*a)))(*args)
 
 
 def grads_of(fn, args, argnums, cotangent_key=0):

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -66,16 +67,150 @@ def check_positive_int(name: str, value) -> None:
     raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
 
 
-def check_qkv(q: Array, k: Array, v: Array) -> tuple[int, int, int, int, int]:
-  """Checks ``q, k: [B,T,H,K]`` and ``v: [B,T,H,V]``; returns ``(B, T, H, K, V)``."""
-  for name, x in (("q", q), ("k", k), ("v", v)):
+def check_qkv(q: Array, k: Array, v: Array,
+              names: Sequence[str] = ("q", "k", "v")) -> tuple[int, int, int, int, int]:
+  """Checks ``q, k: [B,T,H,K]`` and ``v: [B,T,H,V]``; returns ``(B, T, H, K, V)``.
+
+  ``names`` renames the arguments in messages (e.g. RWKV's ``r`` for ``q``).
+  """
+  nq, nk, nv = names
+  for name, x in ((nq, q), (nk, k), (nv, v)):
     check_rank(name, x, 4)
     check_float(name, x)
   b, t, h, dk = q.shape
-  check_shape("k", k, (b, t, h, dk), "the shape of q")
-  check_shape("v", v, (b, t, h, None), "batch, seq and heads of q")
-  check_same_dtype(q=q, k=k, v=v)
+  check_seq_len(t, f"axis 1 of {nq}")
+  check_shape(nk, k, (b, t, h, dk), f"the shape of {nq}")
+  check_shape(nv, v, (b, t, h, None), f"batch, seq and heads of {nq}")
+  check_same_dtype(**{nq: q, nk: k, nv: v})
   return b, t, h, dk, v.shape[-1]
+
+
+def check_seq_len(t: int, where: str) -> None:
+  """Raises for an empty sequence: every op refuses ``T = 0`` the same way.
+
+  An empty call is almost always a slicing bug upstream, and an empty output
+  with the initial state handed back would hide it; so no op accepts one.
+  """
+  if t < 1:
+    raise ValueError(f"the sequence length ({where}) must be >= 1, got {t}.")
+
+
+def check_attention(q: Array, k: Array, v: Array,
+                    segment_ids: Array | None) -> tuple[int, int, int, int, int]:
+  """The prologue of the softmax-family ops (softmax, sparse, low-rank).
+
+  Checks ``q, k: [B, T, H, K]``, ``v: [B, T, H, V]`` and ``segment_ids`` and
+  returns ``(B, T, H, K, V)``.
+  """
+  b, t, h, dk, dv = check_qkv(q, k, v)
+  check_segment_ids(segment_ids, b, t)
+  return b, t, h, dk, dv
+
+
+def check_step_qkv(q: Array, k: Array, v: Array,
+                   names: Sequence[str] = ("q", "k", "v")) -> tuple[int, int, int, int]:
+  """The one-token twin of :func:`check_qkv`: ``q, k: [B, H, K]``, ``v: [B, H, V]``.
+
+  Returns ``(B, H, K, V)``. ``names`` renames the arguments in messages (e.g.
+  RWKV's ``r`` for ``q``).
+  """
+  nq, nk, nv = names
+  for name, x in ((nq, q), (nk, k), (nv, v)):
+    check_rank(name, x, 3)
+    check_float(name, x)
+  b, h, dk = q.shape
+  check_shape(nk, k, (b, h, dk), f"the shape of {nq}")
+  check_shape(nv, v, (b, h, None), f"batch and heads of {nq}")
+  check_same_dtype(**{nq: q, nk: k, nv: v})
+  return b, h, dk, v.shape[-1]
+
+
+# The dtypes a recurrent state may have: the documented float32, or float64
+# (gradient checks). A half-precision state would make a step accumulate in
+# half precision; an integer one would silently truncate.
+STATE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+
+
+def check_step_state(name: str, state: Array, expected: Sequence[int | None],
+                     what: str = "[batch, heads, key_dim, value_dim]") -> None:
+  """Raises unless the state of a ``*_step`` call has shape ``expected`` and a
+  dtype of :data:`STATE_DTYPES` (the step accumulates in the state's dtype)."""
+  if state is None:
+    raise ValueError(f"{name} must be an array of shape {list(expected)}, got None.")
+  check_shape(name, state, expected, what)
+  dtype = jnp.result_type(state)
+  if dtype not in STATE_DTYPES:
+    raise ValueError(f"{name} must be float32 (or float64), got dtype {dtype}.")
+
+
+def concrete(x) -> np.ndarray | None:
+  """``x`` as float64 numpy, or None while it is traced (under jit, grad or vmap)."""
+  if x is None or isinstance(x, jax.core.Tracer):
+    return None
+  return np.asarray(x, np.float64)
+
+
+def check_log_decay(log_decay: Array | None, *dims: int, name: str = "log_decay",
+                    per_head: bool = True, per_channel: bool = True) -> None:
+  """Checks a log-space decay (gate) for the sequence ops and their steps.
+
+  ``dims`` are the leading sizes and the key dimension: ``(B, T, H, K)`` for a
+  sequence, ``(B, H, K)`` for one step. Accepted shapes are ``dims[:-1]`` (one
+  scalar per head, when ``per_head``) and ``dims`` (one per key channel, when
+  ``per_channel``). The dtype must be floating and, when the value is
+  concrete, every entry ``<= 0`` (``-inf``, a decay of exactly zero, is
+  legal). Under ``jit``, ``grad`` or ``vmap`` the value is traced and its
+  sign cannot be checked: a positive log decay then grows the state by
+  ``exp(log_decay)`` per step; wrap the call in ``jax.experimental.checkify``
+  with :func:`log_decay_checks` to check traced values.
+  """
+  if log_decay is None:
+    return
+  check_float(name, log_decay)
+  shapes = ([tuple(dims[:-1])] if per_head else []) + ([tuple(dims)] if per_channel else [])
+  if tuple(jnp.shape(log_decay)) not in shapes:
+    letters = "BTH" if len(dims) == 4 else "BH"
+    want = " or ".join(
+        f"{list(s)} ([{', '.join(letters + ('K' if len(s) == len(dims) else ''))}])"
+        for s in shapes)
+    raise ValueError(f"{name} must have shape {want}, got {list(jnp.shape(log_decay))}.")
+  values = concrete(log_decay)
+  # Written so that NaN fails too.
+  if values is not None and values.size and not np.all(values <= 0):
+    raise ValueError(
+        f"{name} must be <= 0 (a decay in log space), got a maximum of {np.nanmax(values)}.")
+
+
+def log_decay_checks(log_decay: Array, name: str = "log_decay") -> None:
+  """The sign check of :func:`check_log_decay` for traced values, as a ``checkify`` check.
+
+  Call it inside a function transformed by ``jax.experimental.checkify.checkify``
+  (e.g. ``checkify.checkify(lambda g: (log_decay_checks(g), op(q, k, v, g))[1])``);
+  the returned error raises with ``err.throw()``.
+  """
+  from jax.experimental import checkify  # only needed by callers who check traced values
+  checkify.check(jnp.all(log_decay <= 0), f"{name} must be <= 0 (a decay in log space).")
+
+
+def log_zero(dtype) -> float:
+  """A finite log decay whose ``exp`` is exactly 0 in ``dtype``: 1.5 times the log of
+  the smallest subnormal (-155 in float32, -1117 in float64)."""
+  return 1.5 * float(np.log(jnp.finfo(dtype).smallest_subnormal))
+
+
+def floor_log_decay(g: Array | None) -> Array | None:
+  """Replaces ``-inf`` (and anything below :func:`log_zero`) by ``log_zero``.
+
+  A log decay of ``-inf`` (a hard reset, and what ``log(sigmoid(x))``
+  underflows to) is exact in a step, ``exp(-inf) = 0``, but cumulative sums
+  and their differences turn it into ``-inf - (-inf) = NaN``. Every single
+  step below ``log_zero`` already decays by exactly 0 in that dtype, and so
+  does every sum containing one, so the floor changes no value; its
+  gradient below the floor is 0, as is the recurrence's (``exp(-inf) = 0``).
+  """
+  if g is None:
+    return None
+  return jnp.maximum(g, log_zero(g.dtype))
 
 
 def check_segment_ids(segment_ids: Array | None, batch: int, seq: int) -> None:

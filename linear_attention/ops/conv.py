@@ -66,6 +66,7 @@ def causal_conv1d(
   common.check_rank("x", x, 3)
   w, d = _check_common("x", x, weight, bias, activation, 3)
   bsz, t, _ = x.shape
+  common.check_seq_len(t, "axis 1 of x")
   if initial_state is not None:
     common.check_shape("initial_state", initial_state, (bsz, w - 1, d), "[B, W - 1, D]")
     common.check_float("initial_state", initial_state)
@@ -120,7 +121,7 @@ def causal_conv1d_step(
   """
   common.check_rank("x", x, 2)
   w, d = _check_common("x", x, weight, bias, activation, 2)
-  common.check_shape("state", state, (x.shape[0], w - 1, d), "[B, W - 1, D]")
+  common.check_step_state("state", state, (x.shape[0], w - 1, d), "[B, W - 1, D]")
   acc = jnp.promote_types(x.dtype, jnp.float32)
   window = jnp.concatenate([state.astype(acc), x[:, None].astype(acc)], axis=1)  # [B, W, D]
   y = jnp.einsum("bwd,wd->bd", window, weight.astype(acc))

@@ -32,12 +32,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
+
 from linear_attention.kernels import chunk_decay as kernel
 from linear_attention.kernels import dispatch
-
 from linear_attention.ops import common
+# The one log-decay check lives in common; this name stays for existing callers.
+from linear_attention.ops.common import check_log_decay  # noqa: F401
 
 Array = jax.Array
 
@@ -46,29 +47,9 @@ _SUBCHUNK = 16
 _BLOCK_CHUNKS = 16
 
 
-def check_log_decay(log_decay: Array | None, batch: int, seq: int, heads: int, key_dim: int,
-                    name: str = "log_decay") -> None:
-  """Raises unless ``log_decay`` is None, ``[B,T,H]`` or ``[B,T,H,K]`` and, when concrete, <= 0."""
-  if log_decay is None:
-    return
-  common.check_float(name, log_decay)
-  if jnp.shape(log_decay) not in ((batch, seq, heads), (batch, seq, heads, key_dim)):
-    raise ValueError(
-        f"{name} must have shape [B, T, H] = {[batch, seq, heads]} (per head) or "
-        f"[B, T, H, K] = {[batch, seq, heads, key_dim]} (per key channel), got "
-        f"{list(jnp.shape(log_decay))}."
-    )
-  if not isinstance(log_decay, jax.core.Tracer):
-    worst = float(np.max(np.asarray(log_decay, np.float32)))
-    if worst > 0:
-      raise ValueError(
-          f"{name} must be <= 0 (a decay in log space), got a maximum of {worst}."
-      )
-
-
 def _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids):
   b, t, h, dk, dv = common.check_qkv(q, k, v)
-  check_log_decay(log_decay, b, t, h, dk)
+  common.check_log_decay(log_decay, b, t, h, dk)
   common.check_choice("form", form, common.FORMS)
   common.check_positive_int("chunk_size", chunk_size)
   common.check_state("initial_state", initial_state, (b, h, dk, dv))
@@ -99,7 +80,10 @@ def decay_linear_attention(
     k: ``[B, T, H, K]`` keys.
     v: ``[B, T, H, V]`` values.
     log_decay: None (no decay), ``[B, T, H]`` (scalar per head and step) or
-      ``[B, T, H, K]`` (per key channel); values ``<= 0``.
+      ``[B, T, H, K]`` (per key channel); values ``<= 0``, ``-inf`` included
+      (a hard reset). The sign is checked only for concrete values: under
+      ``jit``/``grad``/``vmap`` it is not (see
+      :func:`~linear_attention.ops.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
     form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
     chunk_size: chunk length of the chunk form (any ``T`` works: padded inside).
@@ -142,6 +126,7 @@ def _forward(q, k, v, log_decay, initial_state, segment_ids, *, scale, form, chu
   qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
   qh = qh * scale
   g = None if log_decay is None else jnp.swapaxes(log_decay, 1, 2).astype(acc)
+  g = common.floor_log_decay(g)  # -inf (a hard reset) would give inf - inf in the cumsums
   seg = None if segment_ids is None else common.segment_index(segment_ids)
   s0 = None if initial_state is None else initial_state.astype(acc)
 
@@ -167,24 +152,20 @@ def decay_linear_attention_step(
 
   Args:
     q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` (float32).
-    log_decay: None, ``[B, H]`` or ``[B, H, K]``, values ``<= 0``.
+    log_decay: None, ``[B, H]`` or ``[B, H, K]``, values ``<= 0`` (sign
+      checked for concrete values only, as in :func:`decay_linear_attention`).
     scale: output scale; ``None`` means ``K ** -0.5``.
+
+  The same dtype, shape and sign checks as the sequence op: ``q, k, v``
+  floating with one dtype, ``state`` float32 (or float64).
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
     state ``[B, H, K, V]`` in the state's dtype.
   """
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    common.check_rank(name, x, 3)
-  b, h, dk = q.shape
-  common.check_shape("k", k, (b, h, dk), "the shape of q")
-  common.check_shape("v", v, (b, h, None), "batch and heads of q")
-  common.check_shape("state", state, (b, h, dk, v.shape[-1]), "[B, H, K, V]")
-  if log_decay is not None and jnp.shape(log_decay) not in ((b, h), (b, h, dk)):
-    raise ValueError(
-        f"log_decay must have shape [B, H] = {[b, h]} or [B, H, K] = {[b, h, dk]}, "
-        f"got {list(jnp.shape(log_decay))}."
-    )
+  b, h, dk, dv = common.check_step_qkv(q, k, v)
+  common.check_step_state("state", state, (b, h, dk, dv), "[B, H, K, V]")
+  common.check_log_decay(log_decay, b, h, dk)
   scale = common.resolve_scale(scale, dk)
   acc = state.dtype
   o, new_state = _step(q.astype(acc) * scale, k.astype(acc), v.astype(acc),

@@ -68,19 +68,11 @@ from linear_attention.ops import common
 Array = jax.Array
 
 
-def _concrete_values(x) -> np.ndarray | None:
-  """The values of ``x`` as float32 numpy, or None when traced (under jit/grad/vmap)."""
-  try:
-    return np.asarray(x, np.float32)
-  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-    return None
-
-
 def _check_beta(beta: Array, expected, what: str) -> None:
   """Shape, dtype and, when concrete, the range ``0 <= beta <= 2``."""
   common.check_float("beta", beta)
   common.check_shape("beta", beta, expected, what)
-  values = _concrete_values(beta)
+  values = common.concrete(beta)
   # Written so that NaN fails too.
   if values is not None and values.size and not np.all((values >= 0) & (values <= 2)):
     raise ValueError(
@@ -90,24 +82,10 @@ def _check_beta(beta: Array, expected, what: str) -> None:
     )
 
 
-def _check_log_decay(log_decay: Array | None, expected, what: str) -> None:
-  """Shape, dtype and, when concrete, ``log_decay <= 0``."""
-  if log_decay is None:
-    return
-  common.check_float("log_decay", log_decay)
-  common.check_shape("log_decay", log_decay, expected, what)
-  values = _concrete_values(log_decay)
-  if values is not None and values.size and not np.all(values <= 0):
-    raise ValueError(
-        "log_decay must be <= 0 (a decay in log space), got a maximum of "
-        f"{np.nanmax(values)}."
-    )
-
-
 def _check_inputs(q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids):
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   _check_beta(beta, (b, t, h), "[B, T, H]")
-  _check_log_decay(log_decay, (b, t, h), "[B, T, H]: one scalar gate per head and step")
+  common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
   common.check_choice("form", form, common.FORMS)
   common.check_positive_int("chunk_size", chunk_size)
   common.check_state("initial_state", initial_state, (b, h, dk, dv))
@@ -140,8 +118,10 @@ def delta_rule(
     v: ``[B, T, H, V]`` values.
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked only when the
       value is concrete, i.e. not under ``jit``/``grad``/``vmap``).
-    log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0`` (Gated
-      DeltaNet; same concreteness rule for the sign check).
+    log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0``, ``-inf``
+      included (Gated DeltaNet; same concreteness rule for the sign check: a
+      traced gate is not checked, see
+      :func:`~linear_attention.ops.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
     form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
     chunk_size: chunk length of the chunk form (any ``T`` works: padded inside
@@ -180,6 +160,7 @@ def _forward(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, for
   qh = qh * jnp.asarray(scale, acc)
   bh = jnp.swapaxes(beta, 1, 2).astype(acc)
   g = None if log_decay is None else jnp.swapaxes(log_decay, 1, 2).astype(acc)
+  g = common.floor_log_decay(g)  # -inf (a hard reset) would give inf - inf in the cumsums
   seg = None if segment_ids is None else common.segment_index(segment_ids)
   s0 = None if initial_state is None else initial_state.astype(acc)
 
@@ -207,24 +188,17 @@ def delta_rule_step(
   Args:
     q, k: ``[B, H, K]``; v: ``[B, H, V]``; beta: ``[B, H]`` in ``[0, 2]``.
     state: ``[B, H, K, V]`` (float32, or float64).
-    log_decay: None or ``[B, H]``, values ``<= 0``.
+    log_decay: None or ``[B, H]``, values ``<= 0`` (checked when concrete only).
     scale: output scale; ``None`` means ``K ** -0.5``.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
     state ``[B, H, K, V]`` in the state's dtype.
   """
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    common.check_rank(name, x, 3)
-    common.check_float(name, x)
-  b, h, dk = q.shape
-  common.check_shape("k", k, (b, h, dk), "the shape of q")
-  common.check_shape("v", v, (b, h, None), "batch and heads of q")
-  common.check_same_dtype(q=q, k=k, v=v)
+  b, h, dk, dv = common.check_step_qkv(q, k, v)
   _check_beta(beta, (b, h), "[B, H]")
-  _check_log_decay(log_decay, (b, h), "[B, H]")
-  common.check_shape("state", state, (b, h, dk, v.shape[-1]), "[B, H, K, V]")
-  common.check_float("state", state)
+  common.check_log_decay(log_decay, b, h, dk, per_channel=False)
+  common.check_step_state("state", state, (b, h, dk, dv), "[B, H, K, V]")
   return _step_forward(q, k, v, beta, log_decay, state, common.resolve_scale(scale, dk))
 
 
@@ -524,7 +498,8 @@ def gated_deltanet(
 
   Args: as :func:`delta_rule`; q, k ``[B, T, H, K]``, v ``[B, T, H, V]``,
   beta ``[B, T, H]`` in ``[0, 2]``, log_decay ``[B, T, H]`` values ``<= 0``
-  (a scalar gate per head and step). Keys should be L2-normalised;
+  (a scalar gate per head and step; ``-inf`` allowed; beta's range and the
+  gate's sign are checked only for concrete values, not under ``jit``). Keys should be L2-normalised;
   ``normalize_qk=True`` does it here for q and k.
 
   Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.

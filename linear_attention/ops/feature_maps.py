@@ -16,9 +16,19 @@ Softmax-kernel estimators (``x`` already multiplied by ``scale ** 0.5``):
 Stabilisers (used only when the output is normalised, where per-query factors
 cancel exactly): a query's features are shifted by their maximum (Performer's
 stabiliser), and the trigonometric query factor ``exp(|x|^2/2)`` is dropped.
-Key features keep their exact scale, because a factor per key would not cancel;
-a positive key feature is at most ``exp(|w_r|^2 / 2)``, about ``exp(d/2)``,
-which fits float32 for head dimensions up to about 160.
+A factor per key would not cancel, but one shared by every key a query sees
+does, and :func:`~linear_attention.ops.linear.linear_attention` uses that for
+the positive maps in normalised calls without a state in or out: causal
+attention shifts key ``j``'s exponents by the running maximum ``M_j`` over
+the keys so far and decays the state by ``exp(M_{j-1} - M_j)`` (query ``t``
+then reads every key scaled by the same ``exp(-M_t)``); bidirectional
+attention shifts by the maximum over the row. Keys of large norm then no
+longer underflow to all-zero features. With a state (``initial_state``,
+``return_state``, decoding) the state must keep its exact scale, so there key
+features underflow when ``|k|^2 * scale / 2`` exceeds about 100 (``|k|``
+about 40 at ``d = 64``), and an eager call warns when its normaliser
+underflowed. A positive key feature is at most ``exp(|w_r|^2 / 2)``, about
+``exp(d/2)``, which fits float32 for head dimensions up to about 160.
 """
 
 from __future__ import annotations
@@ -104,6 +114,21 @@ def trig_features(x: Array, projection: Array, *, is_query: bool = False,
   return feats * jnp.exp(0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
 
 
+def positive_log_features(x: Array, projection: Array) -> Array:
+  """The logs of the positive random features: ``W x - |x|^2 / 2 - log(m) / 2``.
+
+  Args:
+    x: ``[..., d]`` inputs (already scaled by ``scale ** 0.5``).
+    projection: ``[m, d]``.
+
+  Returns:
+    ``[..., m]``; ``exp`` of it is :func:`positive_features` without stabiliser.
+  """
+  m = projection.shape[0]
+  u = jnp.einsum("...d,md->...m", x, projection.astype(x.dtype))
+  return u - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True) - 0.5 * math.log(m)
+
+
 def positive_features(x: Array, projection: Array, *, is_query: bool = False,
                       stabilize: bool = False) -> Array:
   """Positive random features of the softmax kernel (FAVOR+).
@@ -117,12 +142,10 @@ def positive_features(x: Array, projection: Array, *, is_query: bool = False,
   Returns:
     ``[..., m]`` positive features.
   """
-  m = projection.shape[0]
-  u = jnp.einsum("...d,md->...m", x, projection.astype(x.dtype))
-  u = u - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+  u = positive_log_features(x, projection)
   if is_query and stabilize:
     u = u - jax.lax.stop_gradient(jnp.max(u, axis=-1, keepdims=True))
-  return jnp.exp(u) / math.sqrt(m)
+  return jnp.exp(u)
 
 
 def apply_feature_map(name: str, x: Array, *, projection: Array | None = None,

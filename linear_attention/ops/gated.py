@@ -27,20 +27,6 @@ from linear_attention.ops import common, decay
 Array = jax.Array
 
 
-def _concrete(x: Array) -> np.ndarray | None:
-  """``x`` as float32 numpy, or None while tracing (value checks need concrete inputs)."""
-  return None if isinstance(x, jax.core.Tracer) else np.asarray(x, np.float32)
-
-
-def _check_log_gate(name: str, x: Array, expected, what: str) -> None:
-  """A floating log-space gate of shape ``expected`` that is ``<= 0`` when concrete."""
-  common.check_float(name, x)
-  common.check_shape(name, x, expected, what)
-  c = _concrete(x)
-  if c is not None and c.size and c.max() > 0:
-    raise ValueError(f"{name} must be <= 0 (a decay in log space), got a maximum of {c.max()}.")
-
-
 def _check_param(name: str, x: Array, expected, what: str) -> None:
   common.check_float(name, x)
   common.check_shape(name, x, expected, what)
@@ -60,7 +46,9 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
   Args:
     q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
     log_g: ``[B, T, H, K]`` data-dependent forget gate per key channel, in log
-      space (``<= 0``; GLA uses ``logsigmoid(x) / 16``).
+      space (``<= 0``, ``-inf`` allowed; GLA uses ``logsigmoid(x) / 16``); the
+      sign is checked only when concrete (not under ``jit``/``grad``/``vmap``; see
+      :func:`~linear_attention.ops.common.check_log_decay`).
     scale: ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
@@ -72,7 +60,7 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
     float32 state ``[B, H, K, V]``.
   """
   b, t, h, dk, _ = common.check_qkv(q, k, v)
-  _check_log_gate("log_g", log_g, (b, t, h, dk), "[B, T, H, K]")
+  common.check_log_decay(log_g, b, t, h, dk, name="log_g", per_head=False)
   return decay.decay_linear_attention(
       q, k, v, log_g, scale=scale, form=form, chunk_size=chunk_size,
       initial_state=initial_state, return_state=return_state, segment_ids=segment_ids,
@@ -85,13 +73,14 @@ def gla_step(q: Array, k: Array, v: Array, state: Array, log_g: Array, *,
 
   Args:
     q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` float32;
-    log_g: ``[B, H, K]`` (``<= 0``); scale: ``None`` means ``K ** -0.5``.
+    log_g: ``[B, H, K]`` (``<= 0``; the sign is checked as in :func:`gla`);
+    scale: ``None`` means ``K ** -0.5``.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
-  common.check_rank("q", q, 3)
-  _check_log_gate("log_g", log_g, q.shape, "[B, H, K], the shape of q")
+  b, h, dk, _ = common.check_step_qkv(q, k, v)
+  common.check_log_decay(log_g, b, h, dk, name="log_g", per_head=False)
   return decay.decay_linear_attention_step(q, k, v, state, log_g, scale=scale)
 
 
@@ -113,7 +102,7 @@ def _retention_log_gamma(gamma: Array | None, heads: int) -> Array:
   if gamma is None:
     return jnp.asarray(np.log1p(-(2.0 ** (-5.0 - np.arange(heads)))), jnp.float32)
   _check_param("gamma", gamma, (heads,), "[H], one decay per head")
-  c = _concrete(gamma)
+  c = common.concrete(gamma)
   if c is not None and not (np.all(c > 0) and np.all(c < 1)):
     raise ValueError(f"gamma must lie in (0, 1), got values from {c.min()} to {c.max()}.")
   return jnp.log(gamma.astype(common.acc_dtype(gamma.dtype)))
@@ -160,8 +149,8 @@ def retention_step(q: Array, k: Array, v: Array, state: Array, *, gamma: Array |
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
-  common.check_rank("q", q, 3)
-  log_decay = jnp.broadcast_to(_retention_log_gamma(gamma, q.shape[1]), q.shape[:2])
+  b, h, _, _ = common.check_step_qkv(q, k, v)
+  log_decay = jnp.broadcast_to(_retention_log_gamma(gamma, h), (b, h))
   return decay.decay_linear_attention_step(q, k, v, state, log_decay, scale=scale)
 
 
@@ -186,7 +175,9 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
   Args:
     q: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
     log_f: ``[B, T, H, K]`` forget gate in log space (``<= 0``; HGRN2 uses
-      ``logsigmoid``, with a lower bound in layers above the first).
+      ``logsigmoid``, with a lower bound in layers above the first); the sign
+      is checked only when concrete (not under ``jit``/``grad``/``vmap``; see
+      :func:`~linear_attention.ops.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
@@ -197,7 +188,7 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
   """
   b, t, h, dk, _ = common.check_qkv(q, q, v)
-  _check_log_gate("log_f", log_f, (b, t, h, dk), "[B, T, H, K], the shape of q")
+  common.check_log_decay(log_f, b, t, h, dk, name="log_f", per_head=False)
   return decay.decay_linear_attention(
       q, _hgrn2_key(log_f, q.dtype), v, log_f, scale=scale, form=form,
       chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
@@ -208,14 +199,15 @@ def hgrn2_step(q: Array, log_f: Array, v: Array, state: Array, *, scale: float |
   """One decoding step of :func:`hgrn2`.
 
   Args:
-    q: ``[B, H, K]``; log_f: ``[B, H, K]`` (``<= 0``); v: ``[B, H, V]``;
+    q: ``[B, H, K]``; log_f: ``[B, H, K]`` (``<= 0``, checked as in :func:`hgrn2`);
+    v: ``[B, H, V]``;
     state: ``[B, H, K, V]`` float32; scale: as in :func:`hgrn2`.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
-  common.check_rank("q", q, 3)
-  _check_log_gate("log_f", log_f, q.shape, "[B, H, K], the shape of q")
+  b, h, dk, _ = common.check_step_qkv(q, q, v)
+  common.check_log_decay(log_f, b, h, dk, name="log_f", per_head=False)
   return decay.decay_linear_attention_step(
       q, _hgrn2_key(log_f, q.dtype), v, state, log_f, scale=scale)
 
@@ -244,7 +236,9 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
   Args:
     r (receptance), k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
     log_w: ``[B, T, H, K]`` data-dependent decay in log space (``<= 0``; RWKV-6
-      uses ``-exp(w)``).
+      uses ``-exp(w)``); the sign is checked only when concrete (not under
+      ``jit``/``grad``/``vmap``; see
+      :func:`~linear_attention.ops.common.check_log_decay`).
     u: ``[H, K]`` bonus for the current token.
     scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
@@ -255,8 +249,8 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)``.
   """
-  b, t, h, dk, _ = common.check_qkv(r, k, v)
-  _check_log_gate("log_w", log_w, (b, t, h, dk), "[B, T, H, K], the shape of r")
+  b, t, h, dk, _ = common.check_qkv(r, k, v, names=("r", "k", "v"))
+  common.check_log_decay(log_w, b, t, h, dk, name="log_w", per_head=False)
   _check_param("u", u, (h, dk), "[H, K]")
   common.check_segment_ids(segment_ids, b, t)
   scale = common.resolve_scale(scale, dk)
@@ -287,14 +281,17 @@ def rwkv6_step(r: Array, k: Array, v: Array, state: Array, log_w: Array, u: Arra
 
   Args:
     r, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` float32
-    (``S_{t-1}``); log_w: ``[B, H, K]`` (``<= 0``); u: ``[H, K]``; scale: as in :func:`rwkv6`.
+    (``S_{t-1}``); log_w: ``[B, H, K]`` (``<= 0``, checked as in
+    :func:`rwkv6`); u: ``[H, K]``;
+    scale: as in :func:`rwkv6`.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``r``.
   """
-  common.check_rank("r", r, 3)
-  _check_log_gate("log_w", log_w, r.shape, "[B, H, K], the shape of r")
-  _check_param("u", u, r.shape[1:], "[H, K]")
+  b, h, dk, _ = common.check_step_qkv(r, k, v, names=("r", "k", "v"))
+  common.check_step_state("state", state, (b, h, dk, v.shape[-1]), "[B, H, K, V]")
+  common.check_log_decay(log_w, b, h, dk, name="log_w", per_head=False)
+  _check_param("u", u, (h, dk), "[H, K]")
   _, new_state = decay.decay_linear_attention_step(r, k, v, state, log_w, scale=scale)
   acc = state.dtype
   r32, k32, v32 = (x.astype(acc) for x in (r, k, v))
@@ -334,7 +331,7 @@ def _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus):
   dt = dt.astype(acc) if dt_bias is None else dt.astype(acc) + dt_bias.astype(acc)
   if dt_softplus:
     dt = jax.nn.softplus(dt)
-  a, d = _concrete(A), _concrete(dt)
+  a, d = common.concrete(A), common.concrete(dt)
   if a is not None and a.max() >= 0:
     raise ValueError(f"A must be negative, got a maximum of {a.max()}.")
   if d is not None and d.size and d.min() < 0:
@@ -344,7 +341,13 @@ def _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus):
   per_head = lambda m: jnp.repeat(m.astype(acc), h // groups, axis=-2)
   x32 = x.astype(acc)
   skip = 0.0 if D is None else x32 * D.astype(acc)[:, None]
-  return per_head(C), per_head(B), x32 * dt[..., None], dt * A.astype(acc), skip
+  # A = -inf is a decay of exactly 0 for dt > 0 and none for dt = 0 (no step),
+  # never 0 * -inf = NaN; no gradient goes through the infinite branch (the
+  # double where).
+  finite = jnp.isfinite(A)
+  hard = jnp.where(dt > 0, -jnp.inf, 0.0)
+  log_decay = jnp.where(finite, dt * jnp.where(finite, A.astype(acc), 0.0), hard)
+  return per_head(C), per_head(B), x32 * dt[..., None], log_decay, skip
 
 
 def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = None, *,
@@ -361,7 +364,11 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
   Args (``batch`` is the batch size, written so to keep ``B`` for the input):
     x: ``[batch, T, H, P]`` inputs (``P`` the head dim).
     dt: ``[batch, T, H]`` step sizes, ``>= 0`` after ``dt_bias`` and softplus.
-    A: ``[H]`` negative per-head rates (Mamba-2's ``-exp(A_log)``).
+    A: ``[H]`` negative per-head rates (Mamba-2's ``-exp(A_log)``); ``-inf``
+      is a decay of exactly zero at every step with ``dt > 0`` (none at
+      ``dt = 0``). The signs of ``A`` and ``dt`` are checked only when
+      concrete (not under ``jit``/``grad``/``vmap``; see
+      :func:`~linear_attention.ops.common.check_log_decay`).
     B, C: ``[batch, T, G, N]`` input and output projections, shared by the
       ``H / G`` heads of a group (head ``h`` reads group ``h // (H / G)``).
     D: optional ``[H]`` skip connection.
@@ -380,6 +387,7 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
     the state ``[batch, H, N, P]`` in float32.
   """
   common.check_rank("x", x, 4)
+  common.check_seq_len(x.shape[1], "axis 1 of x")
   q, k, v, log_decay, skip = _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus)
   y, state = decay.decay_linear_attention(
       q, k, v, log_decay, scale=scale, form=form, chunk_size=chunk_size,
@@ -396,7 +404,8 @@ def ssd_step(x: Array, dt: Array, A: Array, B: Array, C: Array, state: Array,
 
   Args:
     x: ``[batch, H, P]``; dt: ``[batch, H]``; A: ``[H]``; B, C: ``[batch, G, N]``;
-    state: ``[batch, H, N, P]`` float32; D, dt_bias, dt_softplus, scale: as in :func:`ssd`.
+    state: ``[batch, H, N, P]`` float32; D, dt_bias, dt_softplus, scale: as in
+    :func:`ssd` (sign checks for concrete values only).
 
   Returns:
     ``(y, new_state)``: ``y`` ``[batch, H, P]`` in the dtype of ``x``.

@@ -15,8 +15,11 @@ reversed causal pass and subtracts the diagonal, still O(T).
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from linear_attention.ops import common, decay
 from linear_attention.ops import feature_maps as fm
@@ -26,8 +29,14 @@ Array = jax.Array
 DEFAULT_EPS = 1e-6
 
 
-def _features(q, k, feature_map, *, scale, key, num_features, projection, normalize):
-  """Returns ``(phi(q), phi(k), engine_scale, projection)`` in the accumulation dtype."""
+def _features(q, k, feature_map, *, scale, key, num_features, projection, normalize,
+              key_shift=None):
+  """Returns ``(phi(q), phi(k), engine_scale, log_decay)`` in the accumulation dtype.
+
+  ``key_shift``: None, or ``(causal, segment_ids)`` to stabilise the positive
+  maps' key features (see :func:`_shift_keys`); ``log_decay`` is then the
+  engine's decay that keeps the shift consistent, else None.
+  """
   common.check_choice("feature_map", feature_map, fm.FEATURE_MAPS)
   dk = q.shape[-1]
   acc = common.acc_dtype(q.dtype)
@@ -47,8 +56,46 @@ def _features(q, k, feature_map, *, scale, key, num_features, projection, normal
   root = common.resolve_scale(scale, dk) ** 0.5
   phi_q = fm.apply_feature_map(feature_map, q * root, projection=projection,
                                is_query=True, stabilize=normalize)
-  phi_k = fm.apply_feature_map(feature_map, k * root, projection=projection)
-  return phi_q, phi_k, 1.0, projection
+  if key_shift is None or feature_map == "performer_trig":
+    return phi_q, fm.apply_feature_map(feature_map, k * root, projection=projection), 1.0, None
+  phi_k, log_decay = _shift_keys(fm.positive_log_features(k * root, projection), *key_shift)
+  return phi_q, phi_k, 1.0, log_decay
+
+
+def _segment_cummax(x: Array, segment_ids: Array | None) -> Array:
+  """Running maximum of ``x [B, T, H]`` along ``T``, restarting at each segment."""
+  if segment_ids is None:
+    return lax.cummax(x, axis=1)
+  seg = jnp.broadcast_to(common.segment_index(segment_ids)[..., None], x.shape)
+
+  def combine(a, b):
+    (sa, va), (sb, vb) = a, b
+    return sb, jnp.where(sa == sb, jnp.maximum(va, vb), vb)
+
+  return lax.associative_scan(combine, (seg, x), axis=1)[1]
+
+
+def _shift_keys(log_phi_k: Array, causal: bool, segment_ids: Array | None):
+  """Positive key features ``exp(log_phi_k - M)`` that cannot all underflow.
+
+  ``M [B, T, H]`` is one shift per key shared by every query that sees it, so
+  it cancels in normalised attention: causal, the running maximum ``M_j`` of
+  the keys' largest exponents so far (within the segment), with the state
+  decayed by ``exp(M_{j-1} - M_j) <= 1`` so that query ``t`` reads every key
+  scaled by the same ``exp(-M_t)``; bidirectional, the row's maximum. The
+  shift carries no gradient (the output does not depend on it).
+
+  Returns ``(phi_k [B, T, H, m], log_decay [B, T, H] or None)``.
+  """
+  peak = lax.stop_gradient(jnp.max(log_phi_k, axis=-1))  # [B, T, H]
+  if not causal:
+    shift = jnp.max(peak, axis=1, keepdims=True)
+    return jnp.exp(log_phi_k - shift[..., None]), None
+  shift = _segment_cummax(peak, segment_ids)
+  log_decay = jnp.concatenate([shift[:, :1], shift[:, :-1]], axis=1) - shift
+  if segment_ids is not None:  # the state restarts there anyway
+    log_decay = jnp.where(common.segment_starts(segment_ids)[..., None], 0.0, log_decay)
+  return jnp.exp(log_phi_k - shift[..., None]), log_decay
 
 
 def _with_ones(v):
@@ -90,7 +137,11 @@ def linear_attention(
     feature_map: one of ``elu`` (ELU+1), ``relu``, ``identity``,
       ``performer_trig`` (random Fourier features), ``performer_positive``
       (positive random features, iid) or ``favor+`` (positive orthogonal
-      random features with the query stabiliser).
+      random features with the query stabiliser). Normalised calls without
+      ``initial_state``/``return_state`` also shift the positive key features
+      by one shared factor, so inputs of large norm stay exact; with a state
+      they can underflow to an all-zero output (an eager call then warns; see
+      :mod:`~linear_attention.ops.feature_maps`).
     causal: causal (the recurrence) or bidirectional (one global state).
     normalize: divide by ``phi(q_t) . z_t``; its ``|den|`` is floored at
       ``eps`` (sign kept), so an underflowed denominator gives a finite output.
@@ -119,9 +170,13 @@ def linear_attention(
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_segment_ids(segment_ids, b, t)
   common.check_choice("implementation", implementation, (None, "xla", "pallas"))
-  phi_q, phi_k, engine_scale, _ = _features(
+  # Normalised and stateless, the positive key features may be shifted by a
+  # factor that every query sees whole: it cancels exactly.
+  stateless = normalize and initial_state is None and not return_state
+  phi_q, phi_k, engine_scale, log_decay = _features(
       q, k, feature_map, scale=scale, key=key, num_features=num_features,
-      projection=projection, normalize=normalize)
+      projection=projection, normalize=normalize,
+      key_shift=(causal, segment_ids) if stateless else None)
   vv = v.astype(phi_q.dtype)
   vv = _with_ones(vv) if normalize else vv
   f = phi_q.shape[-1]
@@ -129,7 +184,7 @@ def linear_attention(
 
   if causal:
     out, state = decay.decay_linear_attention(
-        phi_q, phi_k, vv, scale=engine_scale, form=form, chunk_size=chunk_size,
+        phi_q, phi_k, vv, log_decay, scale=engine_scale, form=form, chunk_size=chunk_size,
         initial_state=initial_state, return_state=True, segment_ids=segment_ids,
         implementation=implementation)
   elif segment_ids is None:
@@ -148,9 +203,33 @@ def linear_attention(
     self_term = engine_scale * jnp.einsum("bthf,bthf->bth", phi_q, phi_k)[..., None] * vv
     out = fwd + flip(bwd) - self_term
 
+  if normalize:
+    _warn_if_underflowed(feature_map, out[..., -1], eps, stateless)
   o = _divide(out, eps) if normalize else out
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
+
+
+def _warn_if_underflowed(feature_map: str, den: Array, eps: float, stabilised: bool) -> None:
+  """Warns when an eager call's normaliser fell below ``eps`` for some query.
+
+  For the positive random maps that means the features of those queries and
+  their keys underflowed or barely overlap in float32 (inputs of large norm):
+  their outputs are 0. Under ``jit`` the values are not known and nothing is
+  said (see :mod:`~linear_attention.ops.feature_maps` for the regime).
+  """
+  if feature_map not in ("performer_positive", "favor+") or isinstance(den, jax.core.Tracer):
+    return
+  small = int(jnp.sum(jnp.abs(den) < eps))
+  if small:
+    hint = "" if stabilised else (
+        ", or call without initial_state and return_state (the key features are then "
+        "stabilised)")
+    warnings.warn(
+        f"feature_map={feature_map!r}: the normaliser of {small} query position(s) fell "
+        f"below eps={eps}: with q and k of large norm their random features underflow or "
+        f"barely overlap in float32, and those outputs are 0. Scale q and k down{hint}.",
+        RuntimeWarning, stacklevel=3)
 
 
 def linear_attention_step(
@@ -178,8 +257,10 @@ def linear_attention_step(
   Returns:
     ``(o, new_state)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    common.check_rank(name, x, 3)
+  b, h, _, dv = common.check_step_qkv(q, k, v)
+  # F (the feature width) is checked by the engine's step once phi is known.
+  common.check_step_state("state", state, (b, h, None, dv + 1 if normalize else dv),
+                          "[B, H, F, V + 1] (V when not normalising)")
   phi_q, phi_k, engine_scale, _ = _features(
       q, k, feature_map, scale=scale, key=key, num_features=num_features,
       projection=projection, normalize=normalize)

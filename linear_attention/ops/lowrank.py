@@ -52,7 +52,7 @@ def linformer_attention(
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``; projections and softmax are
     accumulated in float32.
   """
-  _, t, _, dk, _ = common.check_qkv(q, k, v)
+  _, t, _, dk, _ = common.check_attention(q, k, v, None)
   if causal:
     raise ValueError(
         "linformer_attention does not support causal=True: E and F mix every position, "

@@ -100,6 +100,7 @@ def rg_lru(
   common.check_rank("x", x, 3)
   _check(x, gate_r, gate_i, log_lambda_param, c)
   bsz, t, d = x.shape
+  common.check_seq_len(t, "axis 1 of x")
   if h0 is not None:
     common.check_shape("h0", h0, (bsz, d), "[B, D]")
     common.check_float("h0", h0)
@@ -152,6 +153,6 @@ def rg_lru_step(
   if state is None:
     h = gated
   else:
-    common.check_shape("state", state, x.shape, "[B, D]")
+    common.check_step_state("state", state, x.shape, "[B, D]")
     h = jnp.exp(log_a) * state.astype(acc) + mult * gated
   return h.astype(x.dtype), h

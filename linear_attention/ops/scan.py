@@ -90,6 +90,7 @@ def linear_scan(
     raise ValueError(f"b must have shape [B, T, ...], got {list(jnp.shape(b))}.")
   common.check_shape("a", a, b.shape, "the shape of b; a is never broadcast")
   bsz, t = b.shape[:2]
+  common.check_seq_len(t, "axis 1 of b")
   if h0 is not None:
     _check_inexact("h0", h0)
     common.check_shape("h0", h0, (bsz,) + b.shape[2:], "[B, ...] as b without T")

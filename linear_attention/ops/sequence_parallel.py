@@ -157,7 +157,8 @@ def sequence_parallel_decay_attention_local(
   idx = _axis_index(axis_name)
   scale = common.resolve_scale(scale, dk)
   acc = common.acc_dtype(q.dtype)
-  g = None if log_decay is None else log_decay.astype(acc)
+  # -inf (a hard reset) floored as in the engine: its sums must not meet inf - inf.
+  g = None if log_decay is None else common.floor_log_decay(log_decay.astype(acc))
   s0 = None if initial_state is None else initial_state.astype(acc)
 
   # 1. The slice on its own, from a zero state (outputs kept in acc precision).
@@ -337,7 +338,7 @@ def sequence_parallel_gla(q: Array, k: Array, v: Array, log_g: Array, *, mesh: M
     ``o`` ``[B, T, H, V]``, or ``(o, state)`` with the ``[B, H, K, V]`` state.
   """
   b, t, h, dk, _ = common.check_qkv(q, k, v)
-  gated._check_log_gate("log_g", log_g, (b, t, h, dk), "[B, T, H, K]")
+  common.check_log_decay(log_g, b, t, h, dk, name="log_g", per_head=False)
   return sequence_parallel_decay_attention(
       q, k, v, log_g, mesh=mesh, axis_name=axis_name, batch_axis=batch_axis, scale=scale,
       chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,

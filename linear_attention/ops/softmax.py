@@ -307,7 +307,10 @@ def dense_attention_stats(q: Array, k: Array, v: Array, visible: Array,
     dtype. A query that sees no key gets ``o = 0`` and ``lse = MASK_VALUE``.
   """
   acc = common.acc_dtype(q.dtype)
-  s = jnp.einsum("...qhd,...khd->...qhk", q, k, preferred_element_type=acc) * scale
+  # The scale goes on q, in float32, before the matmul: applied to the logits,
+  # XLA may fold it into the max and the exp separately, and for logits near
+  # 1e12 the two roundings differ by more than exp's range (inf or 0 = NaN).
+  s = jnp.einsum("...qhd,...khd->...qhk", q.astype(acc) * scale, k, preferred_element_type=acc)
   ok = visible[..., :, None, :]
   s = jnp.where(ok, s, MASK_VALUE)
   # The max only stabilises exp; its gradient would cancel, so it is stopped.
@@ -387,10 +390,10 @@ def softmax_attention(
     scale: float | None = None,
     segment_ids: Array | None = None,
     implementation: str | None = None,
+    algorithm: str | None = None,
     block_size: int = 128,
 ) -> Array:
   """Exact softmax attention, ``o_i = sum_j softmax_j(scale * q_i . k_j) v_j``.
-    algorithm: str | None = None,
 
   Args:
     q: ``[B, T, H, K]`` queries.

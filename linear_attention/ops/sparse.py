@@ -42,12 +42,6 @@ _MAX_DEFAULT_BLOCK = 128
 _MIN_DEFAULT_BLOCK = 16
 
 
-def _check_common(q, k, v, segment_ids):
-  b, t, h, dk, dv = common.check_qkv(q, k, v)
-  common.check_segment_ids(segment_ids, b, t)
-  return b, t, h, dk, dv
-
-
 def _window_block(window: int, block_size: int | None) -> int:
   """Default block: about the window (so a band is 2-3 blocks), within [16, 128]."""
   if block_size is not None:
@@ -105,7 +99,7 @@ def sliding_window_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``.
   """
-  _, _, _, dk, _ = _check_common(q, k, v, segment_ids)
+  _, _, _, dk, _ = common.check_attention(q, k, v, segment_ids)
   common.check_positive_int("window", window)
   if implementation is not None:
     common.check_choice("implementation", implementation, ("xla", "pallas"))
@@ -161,14 +155,12 @@ def sliding_window_step(q: Array, k: Array, v: Array, cache: SlidingWindowCache,
   Returns:
     ``(o, new_cache)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    common.check_rank(name, x, 3)
-    common.check_float(name, x)
+  b, h, dk, dv = common.check_step_qkv(q, k, v)
   common.check_positive_int("window", window)
-  b, h, dk = q.shape
-  dv = v.shape[-1]
-  common.check_shape("k", k, (b, h, dk), "the shape of q")
-  common.check_shape("v", v, (b, h, None), "batch and heads of q")
+  if not isinstance(cache, SlidingWindowCache):
+    raise ValueError(
+        "cache must be a SlidingWindowCache (from init_sliding_window_cache), got "
+        f"{type(cache).__name__}.")
   common.check_shape("cache.keys", cache.keys, (b, window, h, dk), "[B, window, H, K]")
   common.check_shape("cache.values", cache.values, (b, window, h, dv), "[B, window, H, V]")
   scale = common.resolve_scale(scale, dk)
@@ -251,7 +243,7 @@ def longformer_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``.
   """
-  b, t, _, dk, _ = _check_common(q, k, v, segment_ids)
+  b, t, _, dk, _ = common.check_attention(q, k, v, segment_ids)
   common.check_positive_int("window", window)
   common.check_shape("global_mask", global_mask, (b, t), "[batch, seq]")
   if jnp.result_type(global_mask) != jnp.bool_:
@@ -436,7 +428,7 @@ def bigbird_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``.
   """
-  b, t, h, dk, dv = _check_common(q, k, v, segment_ids)
+  b, t, h, dk, dv = common.check_attention(q, k, v, segment_ids)
   common.check_positive_int("block_size", block_size)
   _check_bigbird_counts(num_window_blocks, num_random_blocks, num_global_blocks)
   g = num_global_blocks

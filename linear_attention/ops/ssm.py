@@ -123,6 +123,13 @@ def _check_s4d_params(A_real, A_imag, B, C, log_dt, D, channels, bidirectional):
   return d, n
 
 
+def _check_complex_state(name: str, state: Array) -> None:
+  """S4D's state is complex (float states are read as complex with zero imaginary part)."""
+  dtype = jnp.result_type(state)
+  if not jnp.issubdtype(dtype, jnp.inexact) or dtype in (jnp.float16, jnp.bfloat16):
+    raise ValueError(f"{name} must be complex64 (or float32/64, complex128), got dtype {dtype}.")
+
+
 def _phi(z):
   """``expm1(z) / z`` with its limit 1 at ``z = 0`` (no division by zero)."""
   small = jnp.abs(z) < 1e-4
@@ -226,6 +233,7 @@ def s4d(
   common.check_rank("u", u, 3)
   common.check_float("u", u)
   bsz, t, d = u.shape
+  common.check_seq_len(t, "axis 1 of u")
   _, n = _check_s4d_params(A_real, A_imag, B, C, log_dt, D, d, bidirectional)
   common.check_choice("form", form, S4D_FORMS)
   common.check_positive_int("chunk_size", chunk_size)
@@ -234,6 +242,7 @@ def s4d(
     raise ValueError("initial_state and return_state need a causal S4D (bidirectional=False).")
   if initial_state is not None:
     common.check_shape("initial_state", initial_state, (bsz, d, n), "[B, D, N]")
+    _check_complex_state("initial_state", initial_state)
 
   y, state = _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids,
                        form=form, bidirectional=bidirectional, chunk_size=chunk_size,
@@ -323,6 +332,7 @@ def s4d_step(
   h = uf[..., None] * bbar
   if state is not None:
     common.check_shape("state", state, (u.shape[0], d, n), "[B, D, N]")
+    _check_complex_state("state", state)
     h = h + jnp.exp(dtA) * state.astype(bbar.dtype)
   y = 2 * jnp.einsum("bdn,dn->bd", h, C.astype(h.dtype)).real
   if D is not None:
@@ -384,6 +394,20 @@ def _delta(dt, dt_bias, dt_softplus, acc):
   return jax.nn.softplus(delta) if dt_softplus else delta
 
 
+def _log_a(delta, A):
+  """``delta [..., D] * A [D, N]`` -> ``[..., D, N]``, the log transition.
+
+  ``A = -inf`` is a decay of exactly 0 for any step ``delta > 0`` and no
+  decay for ``delta = 0`` (no step; also what the padding of the scans relies
+  on), never ``0 * inf = NaN``; the infinite entries take the other branch of
+  a double ``where``, so no gradient meets ``0 * inf`` either.
+  """
+  finite = jnp.isfinite(A)
+  delta = delta[..., None]
+  hard = jnp.where(delta > 0, -jnp.inf, 0.0)
+  return jnp.where(finite, delta * jnp.where(finite, A, 0.0), hard)
+
+
 def _finish(y, x, D, z, acc):
   if D is not None:
     y = y + x.astype(acc) * D.astype(acc)
@@ -417,7 +441,10 @@ def selective_scan(
   Args:
     x: ``[B, T, D]`` inputs.
     dt: ``[B, T, D]`` steps (before ``dt_bias`` and softplus).
-    A: ``[D, N]`` real, ``<= 0``.
+    A: ``[D, N]`` real, ``<= 0`` (``-inf``: a decay of exactly 0 for every
+      step with ``dt > 0``, none for ``dt = 0``). A log gate
+      in all but name: its sign (and that of ``dt`` without softplus) is
+      checked only for concrete values, not under ``jit``/``grad``/``vmap``.
     B, C: ``[B, T, N]`` (shared by all channels) or ``[B, T, G, N]`` with ``G``
       dividing ``D`` (channel ``d`` reads group ``d // (D / G)``).
     D: optional ``[D]`` skip; z: optional ``[B, T, D]`` gate.
@@ -443,6 +470,7 @@ def selective_scan(
   common.check_rank("x", x, 3)
   d, n, _ = _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
   bsz, t, _ = x.shape
+  common.check_seq_len(t, "axis 1 of x")
   common.check_choice("form", form, SELECTIVE_FORMS + ("auto",))
   if form == "auto":
     form = "recurrent" if jax.default_backend() == "cpu" else "chunk"
@@ -476,12 +504,12 @@ def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *
     bx = jnp.broadcast_to(_bc(B.astype(acc), d, 3), (bsz, t, d, n))
     cx = jnp.broadcast_to(_bc(C.astype(acc), d, 3), (bsz, t, d, n))
     y, state = decay_lib.decay_linear_attention(
-        cx, bx, dx[..., None], delta[..., None] * A, scale=1.0, form="chunk",
+        cx, bx, dx[..., None], _log_a(delta, A), scale=1.0, form="chunk",
         chunk_size=chunk_size, initial_state=None if h0 is None else h0[..., None],
         return_state=True, segment_ids=segment_ids)
     y, state = y[..., 0], state[..., 0]
   else:
-    a = jnp.exp(delta[..., None] * A)
+    a = jnp.exp(_log_a(delta, A))
     b = dx[..., None] * _bc(B.astype(acc), d, 3)
     h, state = scan_lib.linear_scan(a, b, h0=h0, form=form, chunk_size=chunk_size,
                                     segment_ids=segment_ids, return_state=True)
@@ -503,7 +531,7 @@ def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids, chunk_size):
   def body(h, xs):
     delta_t, dx_t, b_t, c_t, start = xs
     h = jnp.where(start[:, None, None], 0, h)
-    h = jnp.exp(delta_t[..., None] * A) * h + dx_t[..., None] * _bc(b_t, d, 2)
+    h = jnp.exp(_log_a(delta_t, A)) * h + dx_t[..., None] * _bc(b_t, d, 2)
     return h, jnp.sum(h * _bc(c_t, d, 2), axis=-1)
 
   move = lambda v: jnp.moveaxis(v, 1, 0)
@@ -543,7 +571,7 @@ def selective_scan_step(
   delta = _delta(dt, dt_bias, dt_softplus, acc)
   h = (delta * x.astype(acc))[..., None] * _bc(B.astype(acc), d, 2)
   if state is not None:
-    common.check_shape("state", state, (x.shape[0], d, n), "[B, D, N]")
-    h = h + jnp.exp(delta[..., None] * A.astype(acc)) * state.astype(acc)
+    common.check_step_state("state", state, (x.shape[0], d, n), "[B, D, N]")
+    h = h + jnp.exp(_log_a(delta, A.astype(acc))) * state.astype(acc)
   y = jnp.sum(h * _bc(C.astype(acc), d, 2), axis=-1)
   return _finish(y, x, D, z, acc), h

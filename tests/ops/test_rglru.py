@@ -1,4 +1,5 @@
-"""RG-LRU: forms against a direct loop, document starts, steps, stability."""
+"""RG-LRU beyond the conformance suite: document starts without h0 (first token,
+packing, steps from None), float64 gradients, stability near a = 1, its checks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from jax.test_util import check_grads
 
 from linear_attention.ops.rglru import rg_lru, rg_lru_step
 from linear_attention.ops.scan import SCAN_FORMS
-from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, grads_of, keys, rand
+from tests.helpers import assert_close, keys, rand
 
 
 def sigmoid(v):
@@ -41,27 +42,15 @@ def inputs(seed, t, d=4, dtype=jnp.float32):
           lam.astype(dtype), rand(kh, (2, d), dtype))
 
 
-@pytest.mark.parametrize("form", SCAN_FORMS)
-@pytest.mark.parametrize("t", [1, 37])
-@pytest.mark.parametrize("with_h0", [False, True])
-def test_forms_match_loop(form, t, with_h0):
-  x, gr, gi, lam, h0 = inputs(0, t)
-  h0 = h0 if with_h0 else None
-  h, state = rg_lru(x, gr, gi, lam, h0=h0, form=form, chunk_size=16, return_state=True)
-  ref_h, ref_state = loop_rglru(x, gr, gi, lam, h0=h0)
-  assert h.dtype == x.dtype and state.dtype == jnp.float32
-  assert_close(h, ref_h, 1e-5, 1e-5)
-  assert_close(state, ref_state, 1e-5, 1e-5)
-
-
 def test_first_token_skips_normalisation():
   x, gr, gi, lam, _ = inputs(1, 3)
   h = rg_lru(x, gr, gi, lam)
   assert_close(h[:, 0], jax.nn.sigmoid(gi[:, 0]) * x[:, 0], 1e-6, 1e-6)
 
 
-@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("form", ["chunk"])
 def test_packed_segments_equal_separate_calls(form):
+  """With and without h0: each segment starts a document (the suite passes h0)."""
   lengths = [6, 1, 20, 10]
   x, gr, gi, lam, h0 = inputs(2, sum(lengths))
   seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None].repeat(2, 0))
@@ -97,25 +86,6 @@ def test_gradients_float64(form):
     check_grads(fn, (x, gr, gi, lam, h0), order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
 
 
-def test_gradients_agree_across_forms():
-  x, gr, gi, lam, h0 = inputs(5, 37)
-  fn = lambda form: lambda *a: rg_lru(*a[:4], h0=a[4], form=form, chunk_size=16)
-  ref = grads_of(fn("recurrent"), (x, gr, gi, lam, h0), (0, 1, 2, 3, 4))
-  got = grads_of(fn("chunk"), (x, gr, gi, lam, h0), (0, 1, 2, 3, 4))
-  for g, r in zip(got, ref):
-    assert_close(g, r, 1e-4, 1e-4)
-
-
-def test_bfloat16_jit_vmap():
-  x, gr, gi, lam, h0 = inputs(6, 37)
-  bf = lambda v: v.astype(jnp.bfloat16)
-  h = jax.jit(lambda *a: rg_lru(*a, h0=h0, chunk_size=16))(bf(x), bf(gr), bf(gi), lam)
-  assert h.dtype == jnp.bfloat16
-  assert_close(h, loop_rglru(x, gr, gi, lam, h0=h0)[0], BF16_RTOL, BF16_ATOL)
-  hv = jax.vmap(lambda *a: rg_lru(*(v[None] for v in a), lam)[0])(x, gr, gi)
-  assert_close(hv, rg_lru(x, gr, gi, lam), 1e-5, 1e-5)
-
-
 def test_long_sequence_a_near_one_stays_finite():
   t, d = 65536, 2
   kx, kr = keys(7, 2)
@@ -139,9 +109,5 @@ def test_bad_inputs():
     rg_lru(x, gr[:, :4], gi, lam)
   with pytest.raises(ValueError, match="^log_lambda_param"):
     rg_lru(x, gr, gi, lam[:2])
-  with pytest.raises(ValueError, match="^h0"):
-    rg_lru(x, gr, gi, lam, h0=h0[:1])
   with pytest.raises(ValueError, match="^c must"):
     rg_lru(x, gr, gi, lam, c=0.0)
-  with pytest.raises(ValueError, match="^state"):
-    rg_lru_step(x[:, 0], gr[:, 0], gi[:, 0], lam, h0[:, :2])

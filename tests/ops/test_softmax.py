@@ -11,7 +11,7 @@ import pytest
 
 from linear_attention.ops import softmax as sm
 from linear_attention.ops.softmax import softmax_attention
-from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, assert_tree_close, keys, rand
+from tests.helpers import assert_close, assert_tree_close, keys, rand
 
 B, H, D, DV = 2, 2, 8, 6
 BLOCK = 16
@@ -57,7 +57,9 @@ naive = functools.partial(softmax_attention, algorithm="naive")
 blockwise = functools.partial(softmax_attention, algorithm="blockwise", block_size=BLOCK)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+# Causal attention (both algorithms, packed, bfloat16, jit/vmap/grad) runs in
+# test_conformance.py; bidirectional attention and the shared machinery here.
+@pytest.mark.parametrize("causal", [False])
 @pytest.mark.parametrize("segmented", [False, True])
 def test_naive_matches_reference(causal, segmented):
   t = T
@@ -73,7 +75,7 @@ def test_explicit_scale():
   assert_close(blockwise(q, k, v, scale=0.3), reference(q, k, v, scale=0.3), 1e-5, 1e-5)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False])
 @pytest.mark.parametrize("t", [1, T])
 def test_blockwise_matches_naive(causal, t):
   q, k, v = qkv(2, t)
@@ -91,7 +93,7 @@ def test_block_multiple_of_length():
                  naive(q, k, v, causal=True), 1e-5, 1e-5)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False])
 def test_packed_equals_separate(causal):
   cut = 16
   q, k, v = qkv(3, T, b=1)
@@ -103,39 +105,9 @@ def test_packed_equals_separate(causal):
   assert_tree_close(out_and_grads(packed, (q, k, v)), out_and_grads(sep, (q, k, v)), 1e-4, 1e-5)
 
 
-@pytest.mark.parametrize("impl", [naive, blockwise])
-def test_bfloat16(impl):
-  t = T
-  q, k, v = qkv(4, t, jnp.bfloat16)
-  seg = two_segments(t, 12)
-  o, g = out_and_grads(lambda q, k, v: impl(q, k, v, causal=True, segment_ids=seg), (q, k, v))
-  assert o.dtype == jnp.bfloat16 and all(x.dtype == jnp.bfloat16 for x in g)
-  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-  expected = out_and_grads(lambda q, k, v: reference(q, k, v, True, seg), f32)
-  assert_tree_close((o, g), expected, BF16_RTOL, BF16_ATOL)
-
-
 def test_auto_picks_by_length():
   q, k, v = qkv(5, T)
   assert_close(softmax_attention(q, k, v, causal=True), naive(q, k, v, causal=True), 1e-6, 1e-6)
-
-
-def test_jit_vmap_grad():
-  t = T
-  q, k, v = qkv(6, t)
-  seg = two_segments(t, 12)
-  f = jax.jit(lambda q, k, v, s: blockwise(q, k, v, causal=True, segment_ids=s))
-  expected = naive(q, k, v, causal=True, segment_ids=seg)
-  assert_close(f(q, k, v, seg), expected, 1e-5, 1e-5)
-  # vmap over an extra leading axis: each slice is one [1, T, H, D] call.
-  vm = jax.vmap(lambda q, k, v, s: blockwise(q[None], k[None], v[None], causal=True,
-                                             segment_ids=s[None])[0])
-  assert_close(vm(q, k, v, seg), expected, 1e-5, 1e-5)
-  gj = jax.jit(jax.grad(lambda q, k, v: jnp.sum(blockwise(q, k, v, causal=True) ** 2),
-                        argnums=(0, 1, 2)))(q, k, v)
-  gn = jax.grad(lambda q, k, v: jnp.sum(naive(q, k, v, causal=True) ** 2),
-                argnums=(0, 1, 2))(q, k, v)
-  assert_tree_close(gj, gn, 1e-4, 1e-5)
 
 
 def test_lse_cotangent():
@@ -191,6 +163,21 @@ def test_blockwise_never_builds_txt(causal):
   assert any(sum(d >= t for d in s) >= 2 for s in _all_shapes(naive_jaxpr.jaxpr))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_large_logits_stay_finite(causal):
+  """Logits near 1e12: the max subtraction and the exp must see one rounding of
+  the logits (NaN before: the scale was folded differently into each)."""
+  q, k, v = qkv(11, 16)
+  o = naive(q * 1e6, k * 1e6, v, causal=causal)
+  assert np.all(np.isfinite(np.asarray(o)))
+  # Such logits make the softmax a one-hot argmax of each row.
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+  if causal:
+    s = jnp.where(jnp.tril(jnp.ones((16, 16), bool)), s, -jnp.inf)
+  onehot = jax.nn.one_hot(jnp.argmax(s, -1), 16)
+  assert_close(o, jnp.einsum("bhqk,bkhd->bqhd", onehot, v), 1e-5, 1e-5)
+
+
 def test_no_nan_with_fully_padded_rows():
   """A padded tail (T not a block multiple) and masked rows give finite values."""
   q, k, v = qkv(9, T)
@@ -201,21 +188,15 @@ def test_no_nan_with_fully_padded_rows():
 
 def test_errors():
   q, k, v = qkv(10, 8)
-  with pytest.raises(ValueError, match="q must have rank 4"):
-    softmax_attention(q[0], k, v)
   with pytest.raises(ValueError, match="k must have shape"):
     softmax_attention(q, k[:, :5], v)
   with pytest.raises(ValueError, match="v must have shape"):
     softmax_attention(q, k, v[:, :5])
   with pytest.raises(ValueError, match="dtype"):
     softmax_attention(q, k.astype(jnp.bfloat16), v)
-  with pytest.raises(ValueError, match="floating-point"):
-    softmax_attention(q.astype(jnp.int32), k, v)
-  with pytest.raises(ValueError, match=r"implementation must be one of \['naive', 'blockwise'\]"):
+  with pytest.raises(ValueError, match=r"implementation must be one of \[None, 'xla', 'pallas'\]"):
     softmax_attention(q, k, v, implementation="flash")
   with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
     softmax_attention(q, k, v, block_size=0)
-  with pytest.raises(ValueError, match="segment_ids must have shape"):
-    softmax_attention(q, k, v, segment_ids=jnp.zeros((B, 7), jnp.int32))
   with pytest.raises(ValueError, match="segment_ids must be integers"):
     softmax_attention(q, k, v, segment_ids=jnp.zeros((B, 8), jnp.float32))

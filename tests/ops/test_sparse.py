@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from linear_attention.ops import sparse
-from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, assert_tree_close, keys, rand
+from tests.helpers import assert_close, assert_tree_close, keys, rand
 
 B, H, D, DV = 2, 2, 8, 6
 T = 37  # odd: not a multiple of any block or window used here
@@ -62,7 +62,9 @@ def check_against(fn, allowed, args, rtol=1e-4, atol=1e-5):
 # Sliding window.
 
 
-@pytest.mark.parametrize("causal, window, block", [(True, 5, 8), (True, 20, None), (False, 6, 8),
+# Causal window 5 with blocks of 8 (packed, steps, bfloat16, jit/vmap) runs in
+# test_conformance.py, as do bidirectional Longformer and causal BigBird.
+@pytest.mark.parametrize("causal, window, block", [(True, 20, None), (False, 6, 8),
                                                    (False, 1, None)])
 def test_sliding_window_matches_dense(causal, window, block):
   q, k, v = qkv(0)
@@ -79,16 +81,6 @@ def test_sliding_window_wide_equals_full_causal():
   allowed = window_allowed(T, T, True)[None]
   o = sparse.sliding_window_attention(q, k, v, window=64, block_size=8)
   assert_close(o, masked_reference(q, k, v, allowed), 1e-5, 1e-5)
-
-
-def test_sliding_window_bfloat16_and_jit_vmap():
-  q, k, v = qkv(2, dtype=jnp.bfloat16)
-  allowed = window_allowed(T, 7, True)[None]
-  fn = jax.jit(lambda q, k, v: sparse.sliding_window_attention(q, k, v, window=7, block_size=8))
-  assert fn(q, k, v).dtype == jnp.bfloat16
-  check_against(fn, allowed, (q, k, v), BF16_RTOL, BF16_ATOL)
-  vm = jax.vmap(lambda q, k, v: fn(q[None], k[None], v[None])[0])
-  assert_close(vm(q, k, v), fn(q, k, v), 1e-6, 1e-6)
 
 
 def _shapes(jaxpr):
@@ -111,20 +103,6 @@ def test_sliding_window_gradient_is_banded():
   assert shapes and not [s for s in shapes if sum(d >= t for d in s) >= 2]
 
 
-def test_sliding_window_step_decoding():
-  window = 6
-  q, k, v = qkv(4, t=15)
-  full = sparse.sliding_window_attention(q, k, v, window=window, block_size=8)
-  cache = sparse.init_sliding_window_cache(B, H, window, D, DV)
-  step = jax.jit(lambda q, k, v, c: sparse.sliding_window_step(q, k, v, c, window=window))
-  outs = []
-  for t in range(q.shape[1]):
-    o, cache = step(q[:, t], k[:, t], v[:, t], cache)
-    outs.append(o)
-  assert int(cache.length) == q.shape[1]
-  assert_close(jnp.stack(outs, axis=1), full, 1e-5, 1e-5)
-
-
 # ---------------------------------------------------------------------------
 # Longformer.
 
@@ -144,7 +122,7 @@ def globals_mask():
   return jnp.asarray(g)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [True])
 def test_longformer_matches_dense(causal):
   q, k, v = qkv(5)
   seg, glob = segments(), globals_mask()
@@ -187,7 +165,7 @@ def bigbird_allowed(pattern, t, bs, causal, seg):
   return allowed & same_segment(seg)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False])
 def test_bigbird_matches_dense(causal):
   q, k, v = qkv(7)
   seg = segments()
@@ -223,17 +201,6 @@ def test_bigbird_pattern_properties():
   assert not np.triu(causal, 1).any() and causal[a, a].all()
 
 
-def test_bigbird_jit_bfloat16():
-  q, k, v = qkv(8, dtype=jnp.bfloat16)
-  key = jax.random.PRNGKey(5)
-  seg = jnp.zeros((B, T), jnp.int32)
-  pattern = sparse.bigbird_pattern(-(-T // BS), key=key)
-  fn = jax.jit(lambda q, k, v, key: sparse.bigbird_attention(q, k, v, block_size=BS, key=key))
-  assert fn(q, k, v, key).dtype == jnp.bfloat16
-  check_against(lambda q, k, v: fn(q, k, v, key), bigbird_allowed(pattern, T, BS, False, seg),
-                (q, k, v), BF16_RTOL, BF16_ATOL)
-
-
 # ---------------------------------------------------------------------------
 # Errors.
 
@@ -267,3 +234,5 @@ def test_errors():
     sparse.sliding_window_step(q[:, 0], k[:, 0], v[:, 0], cache, window=5)
   with pytest.raises(ValueError, match="q must have rank 3"):
     sparse.sliding_window_step(q, k[:, 0], v[:, 0], cache, window=4)
+  with pytest.raises(ValueError, match="cache must be a SlidingWindowCache"):
+    sparse.sliding_window_step(q[:, 0], k[:, 0], v[:, 0], None, window=4)

@@ -1,0 +1,689 @@
+"""One spec per op, for the conformance suite in ``test_conformance.py``.
+
+An :class:`OpSpec` says how to call an op in one uniform way and what to
+compare it with:
+
+* ``make(rng, t, dtype)``: random inputs with sequence length ``t``, a tuple
+  of arrays (``names`` names them as the op does, for error messages);
+  ``timed`` marks those with a sequence axis (axis 1);
+* ``run(arrays, form, s0, seg)``: the op, returning ``(out, state)``
+  (``state`` is ``None`` for ops without one);
+* ``reference(arrays, s0, seg)``: the same computation written plainly here,
+  in float32, token by token (a ``lax.scan`` over ``t``) for recurrences and
+  with a dense ``T x T`` mask for attention;
+* ``step(arrays_t, state)``: the ``*_step`` function on one token, if any;
+* capabilities: the forms, whether the op takes an initial state and packed
+  segments, which array is a log gate, the lengths it accepts.
+
+The checks themselves live in ``test_conformance.py`` and run on every spec;
+checks that only make sense for one op stay in that op's test file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from linear_attention import ops
+
+F32 = jnp.float32
+B, H, K, V = 2, 2, 8, 6  # K != V catches transposes
+CHUNK = 16
+
+
+# --------------------------------------------------------------------- inputs
+
+
+def normal(rng, shape, dtype=F32, scale=1.0):
+  return jnp.asarray(scale * rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+def uniform(rng, shape, lo, hi, dtype=F32):
+  return jnp.asarray(rng.uniform(lo, hi, shape).astype(np.float32)).astype(dtype)
+
+
+def log_gate(rng, shape, dtype=F32):
+  """Log-space gates around ``log(sigmoid(2 + N(0, 1)))``: mostly mild, some strong."""
+  return jax.nn.log_sigmoid(2.0 + normal(rng, shape)).astype(dtype)
+
+
+def unit(x):
+  """L2-normalised over the last axis (the delta rule's keys)."""
+  xf = x.astype(F32)
+  return (xf / jnp.linalg.norm(xf, axis=-1, keepdims=True)).astype(x.dtype)
+
+
+def segment_starts(seg, b, t):
+  """``[B, T]`` bool, True where a new segment begins (never at 0)."""
+  if seg is None:
+    return jnp.zeros((b, t), bool)
+  return jnp.concatenate([jnp.zeros((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+
+
+def scan_reference(step, s0, timed, seg):
+  """Runs ``step(s, start_t, *x_t) -> (s, o_t)`` over axis 1 of ``timed``.
+
+  The state is zeroed at every segment start before the step (so ``s0``
+  reaches the first segment only). Returns ``(o [B, T, ...], final state)``.
+  """
+  b, t = timed[0].shape[:2]
+  starts = segment_starts(seg, b, t)
+
+  def body(s, xs):
+    start, *x = xs
+    s = jnp.where(start.reshape((-1,) + (1,) * (s.ndim - 1)), jnp.zeros_like(s), s)
+    return step(s, start, *x)
+
+  xs = [starts.T] + [jnp.moveaxis(a.astype(F32) if jnp.issubdtype(a.dtype, jnp.floating)
+                                  else a, 1, 0) for a in timed]
+  s, o = lax.scan(body, s0, xs)
+  return jnp.moveaxis(o, 0, 1), s
+
+
+def outer(k, v):
+  return k[..., :, None] * v[..., None, :]
+
+
+def read(q, s):
+  return jnp.einsum("bhk,bhkv->bhv", q, s, precision="highest")
+
+
+def zeros_or(s0, shape):
+  return jnp.zeros(shape, F32) if s0 is None else s0.astype(F32)
+
+
+# --------------------------------------------------------------------- the spec
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+  """How to call one op uniformly, and what to compare it with (see the module doc)."""
+
+  name: str
+  names: tuple[str, ...]
+  make: Callable[..., tuple]
+  timed: tuple[bool, ...]
+  run: Callable[..., tuple]
+  reference: Callable[..., tuple]
+  forms: tuple[str, ...] = ("default",)
+  make_state: Callable[..., Any] | None = None  # (rng, arrays) -> initial state
+  state_name: str = "initial_state"
+  step: Callable[..., tuple] | None = None
+  step_state: Callable[..., Any] | None = None  # arrays -> state for the first step
+  step_state_checked: bool = True  # the step refuses integer and half-precision states
+  segments: bool = True  # takes segment_ids
+  packs: bool = True  # a packed row equals its segments called one by one
+  log_gate: int | None = None
+  lengths: tuple[int, ...] = (1,)  # odd lengths beyond the T = 37 of the other checks
+  grad_args: tuple[int, ...] | None = None  # differentiable arrays (default: float ones)
+  bf16_args: tuple[int, ...] | None = None  # arrays given in bfloat16 (default: timed floats)
+  rtol: float = 2e-4
+  atol: float = 2e-4
+  grad_tol: float = 1e-3
+  bad: Callable[[], list] | None = None  # op-specific (call, message regex) pairs
+
+  def float_args(self, arrays):
+    return tuple(i for i, a in enumerate(arrays)
+                 if jnp.issubdtype(a.dtype, jnp.floating))
+
+  def differentiable(self, arrays):
+    return self.float_args(arrays) if self.grad_args is None else self.grad_args
+
+  def low_precision(self, arrays):
+    if self.bf16_args is not None:
+      return self.bf16_args
+    return tuple(i for i in self.float_args(arrays) if self.timed[i])
+
+  def at(self, arrays, t):
+    """The inputs of token ``t``: timed arrays indexed, the others as they are."""
+    return tuple(a[:, t] if timed else a for a, timed in zip(arrays, self.timed))
+
+  def slice(self, arrays, lo, hi):
+    return tuple(a[:, lo:hi] if timed else a for a, timed in zip(arrays, self.timed))
+
+  def __repr__(self):
+    return self.name
+
+
+def _kw(form, s0, seg, state=True):
+  kw = {} if form == "default" else {"form": form}
+  if state:
+    kw.update(initial_state=s0, return_state=True)
+  if seg is not None:
+    kw["segment_ids"] = seg
+  return kw
+
+
+# ------------------------------------------------------------ decay engine
+
+
+def _make_qkv(rng, t, dtype, dk=K, dv=V):
+  return normal(rng, (B, t, H, dk), dtype), normal(rng, (B, t, H, dk), dtype), normal(
+      rng, (B, t, H, dv), dtype)
+
+
+def _qk_state(rng, arrays):
+  q, v = arrays[0], arrays[2]
+  return normal(rng, (q.shape[0], q.shape[2], q.shape[3], v.shape[3]))
+
+
+def ref_decay(arrays, s0, seg, *, scale=None):
+  q, k, v, g = arrays
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  g = jnp.zeros(q.shape[:3]) if g is None else g  # no decay
+
+  def step(s, start, q_t, k_t, v_t, g_t):
+    a = jnp.exp(g_t)
+    s = (a[..., None, None] if a.ndim == 2 else a[..., None]) * s + outer(k_t, v_t)
+    return s, scale * read(q_t, s)
+
+  b, _, h, dk = q.shape
+  return scan_reference(step, zeros_or(s0, (b, h, dk, v.shape[-1])), (q, k, v, g), seg)
+
+
+DECAY = OpSpec(
+    name="decay_linear_attention", names=("q", "k", "v", "log_decay"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (log_gate(rng, (B, t, H, K), dtype),),
+    timed=(True, True, True, True),
+    run=lambda a, form, s0, seg: ops.decay_linear_attention(
+        *a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_decay, forms=("parallel", "chunk", "recurrent"), make_state=_qk_state,
+    step=lambda a, s: ops.decay_linear_attention_step(a[0], a[1], a[2], s, a[3]),
+    log_gate=3)
+
+# The engine's per-head decay runs through retention and ssd below.
+
+
+# ------------------------------------------------- kernelized linear attention
+
+
+def _elu1(x):
+  return jnp.where(x > 0, x + 1.0, jnp.exp(jnp.minimum(x, 0.0)))
+
+
+def ref_linear(arrays, s0, seg):
+  """Causal normalised ELU+1 attention; the state's last column is the normaliser."""
+  q, k, v = arrays
+  scale = q.shape[-1] ** -0.5
+  ones = jnp.ones(v.shape[:-1] + (1,), F32)
+
+  def step(s, start, q_t, k_t, v_t, one):
+    s = s + outer(_elu1(k_t), jnp.concatenate([v_t, one], -1))
+    return s, scale * read(_elu1(q_t), s)
+
+  b, _, h, dk = q.shape
+  out, s = scan_reference(step, zeros_or(s0, (b, h, dk, v.shape[-1] + 1)), (q, k, v, ones), seg)
+  return out[..., :-1] / out[..., -1:], s
+
+
+LINEAR = OpSpec(
+    name="linear_attention", names=("q", "k", "v"),
+    make=lambda rng, t, dtype: tuple(0.5 * x for x in _make_qkv(rng, t, dtype)),
+    timed=(True, True, True),
+    run=lambda a, form, s0, seg: ops.linear_attention(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_linear, forms=("parallel", "chunk", "recurrent"),
+    # A positive state keeps the normaliser away from zero.
+    make_state=lambda rng, a: jnp.abs(normal(rng, (B, H, K, V + 1))),
+    step=lambda a, s: ops.linear_attention_step(*a, s))
+
+
+# -------------------------------------------------- gated / decayed variants
+
+
+def ref_gla(arrays, s0, seg):
+  return ref_decay(arrays, s0, seg)
+
+
+GLA = dataclasses.replace(
+    DECAY, name="gla", names=("q", "k", "v", "log_g"), reference=ref_gla,
+    run=lambda a, form, s0, seg: ops.gla(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    step=lambda a, s: ops.gla_step(a[0], a[1], a[2], s, a[3]))
+
+
+def ref_retention(arrays, s0, seg):
+  q, k, v, gamma = arrays
+  log_gamma = jnp.broadcast_to(jnp.log(gamma.astype(F32)), q.shape[:3])
+  return ref_decay((q, k, v, log_gamma), s0, seg)
+
+
+RETENTION = OpSpec(
+    name="retention", names=("q", "k", "v", "gamma"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (uniform(rng, (H,), 0.6, 0.97, dtype),),
+    timed=(True, True, True, False),
+    run=lambda a, form, s0, seg: ops.retention(*a[:3], gamma=a[3], chunk_size=CHUNK,
+                                               **_kw(form, s0, seg)),
+    reference=ref_retention, forms=("parallel", "chunk", "recurrent"), make_state=_qk_state,
+    step=lambda a, s: ops.retention_step(a[0], a[1], a[2], s, gamma=a[3]))
+
+
+def ref_hgrn2(arrays, s0, seg):
+  q, log_f, v = arrays
+
+  def step(s, start, q_t, lf_t, v_t):
+    f = jnp.exp(lf_t)
+    s = f[..., None] * s + outer(1.0 - f, v_t)
+    return s, read(q_t, s)
+
+  b, _, h, dk = q.shape
+  return scan_reference(step, zeros_or(s0, (b, h, dk, v.shape[-1])), (q, log_f, v), seg)
+
+
+HGRN2 = OpSpec(
+    name="hgrn2", names=("q", "log_f", "v"),
+    make=lambda rng, t, dtype: (normal(rng, (B, t, H, K), dtype),
+                                log_gate(rng, (B, t, H, K), dtype), normal(rng, (B, t, H, V), dtype)),
+    timed=(True, True, True),
+    run=lambda a, form, s0, seg: ops.hgrn2(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_hgrn2, forms=("parallel", "chunk", "recurrent"), make_state=_qk_state,
+    step=lambda a, s: ops.hgrn2_step(*a, s), log_gate=1)
+
+
+def ref_rwkv6(arrays, s0, seg):
+  r, k, v, log_w, u = arrays
+  u = u.astype(F32)
+
+  def step(s, start, r_t, k_t, v_t, w_t):
+    kv = outer(k_t, v_t)
+    o_t = read(r_t, s + u[None, :, :, None] * kv)
+    return jnp.exp(w_t)[..., None] * s + kv, o_t
+
+  b, _, h, dk = r.shape
+  return scan_reference(step, zeros_or(s0, (b, h, dk, v.shape[-1])), (r, k, v, log_w), seg)
+
+
+RWKV6 = OpSpec(
+    name="rwkv6", names=("r", "k", "v", "log_w", "u"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (
+        log_gate(rng, (B, t, H, K), dtype), normal(rng, (H, K), dtype)),
+    timed=(True, True, True, True, False),
+    run=lambda a, form, s0, seg: ops.rwkv6(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_rwkv6, forms=("parallel", "chunk", "recurrent"), make_state=_qk_state,
+    step=lambda a, s: ops.rwkv6_step(a[0], a[1], a[2], s, a[3], a[4]), log_gate=3)
+
+
+SSD_GROUPS = 1  # heads 2 share one group of B and C
+
+
+def ref_ssd(arrays, s0, seg):
+  x, dt, A, Bm, C, D = arrays
+  b, _, h, p = x.shape
+  g, n = Bm.shape[-2:]
+  group = np.arange(h) // (h // g)  # head -> group, Mamba-2's order
+  A, D = A.astype(F32), D.astype(F32)
+
+  def step(s, start, x_t, dt_t, b_t, c_t):
+    s = jnp.exp(A * dt_t)[..., None, None] * s + outer(b_t[:, group], dt_t[..., None] * x_t)
+    return s, read(c_t[:, group], s) + D[:, None] * x_t
+
+  return scan_reference(step, zeros_or(s0, (b, h, n, p)), (x, dt, Bm, C), seg)
+
+
+SSD = OpSpec(
+    name="ssd", names=("x", "dt", "A", "B", "C", "D"),
+    make=lambda rng, t, dtype: (
+        normal(rng, (B, t, H, V), dtype), jax.nn.softplus(normal(rng, (B, t, H)) - 1.0).astype(dtype),
+        -uniform(rng, (H,), 0.5, 2.0, dtype), normal(rng, (B, t, SSD_GROUPS, K), dtype),
+        normal(rng, (B, t, SSD_GROUPS, K), dtype), normal(rng, (H,), dtype)),
+    timed=(True, True, False, True, True, False),
+    run=lambda a, form, s0, seg: ops.ssd(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_ssd, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: normal(rng, (B, H, K, V)),
+    step=lambda a, s: ops.ssd_step(*a[:5], s, a[5]), log_gate=2)
+
+
+# ---------------------------------------------------------------- delta rule
+
+
+def ref_delta(arrays, s0, seg):
+  q, k, v, beta = arrays[:4]
+  g = arrays[4] if len(arrays) > 4 else None
+  b, t, h, dk = q.shape
+  scale = dk**-0.5
+  a = jnp.ones((b, t, h)) if g is None else jnp.exp(g.astype(F32))
+  eye = jnp.eye(dk)
+
+  def step(s, start, q_t, k_t, v_t, b_t, a_t):
+    transition = a_t[..., None, None] * (eye - b_t[..., None, None] * outer(k_t, k_t))
+    s = jnp.matmul(transition, s, precision="highest") + b_t[..., None, None] * outer(k_t, v_t)
+    return s, scale * read(q_t, s)
+
+  return scan_reference(step, zeros_or(s0, (b, h, dk, v.shape[-1])), (q, k, v, beta, a), seg)
+
+
+def _make_delta(rng, t, dtype, gated=True):
+  q, k, v = _make_qkv(rng, t, dtype)
+  beta = uniform(rng, (B, t, H), 0.05, 1.95, dtype)
+  gate = (log_gate(rng, (B, t, H), dtype),) if gated else ()
+  return (q, unit(k), v, beta) + gate
+
+
+GATED_DELTANET = OpSpec(
+    name="gated_deltanet", names=("q", "k", "v", "beta", "log_decay"),
+    make=_make_delta, timed=(True,) * 5,
+    run=lambda a, form, s0, seg: ops.gated_deltanet(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_delta, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
+    step=lambda a, s: ops.gated_deltanet_step(*a, s), log_gate=4,
+    rtol=1e-4, atol=1e-4)
+
+DELTANET = dataclasses.replace(
+    GATED_DELTANET, name="deltanet", names=("q", "k", "v", "beta"),
+    make=lambda rng, t, dtype: _make_delta(rng, t, dtype, gated=False), timed=(True,) * 4,
+    run=lambda a, form, s0, seg: ops.deltanet(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    step=lambda a, s: ops.deltanet_step(*a, s), log_gate=None)
+
+
+# -------------------------------------------------------- linear RNNs / SSMs
+
+
+def ref_linear_scan(arrays, s0, seg):
+  a, b = arrays
+
+  def step(h, start, a_t, b_t):
+    h = a_t * h + b_t
+    return h, h
+
+  return scan_reference(step, zeros_or(s0, b.shape[:1] + b.shape[2:]), (a, b), seg)
+
+
+LINEAR_SCAN = OpSpec(
+    name="linear_scan", names=("a", "b"),
+    make=lambda rng, t, dtype: (uniform(rng, (B, t, H, 3), -1.0, 1.0, dtype),
+                                normal(rng, (B, t, H, 3), dtype)),
+    timed=(True, True),
+    run=lambda a, form, s0, seg: ops.linear_scan(
+        *a, chunk_size=CHUNK, **{k.replace("initial_state", "h0"): w
+                                 for k, w in _kw(form, s0, seg).items()}),
+    reference=ref_linear_scan, forms=("chunk", "associative", "recurrent"),
+    make_state=lambda rng, a: normal(rng, (B, H, 3)), state_name="h0")
+
+
+def ref_rg_lru(arrays, s0, seg, c=8.0):
+  x, gr, gi, lam = arrays
+  bsz, t, d = x.shape
+  lam = lam.astype(F32)
+  first = jnp.zeros((bsz, t), bool).at[:, 0].set(s0 is None)
+
+  def step(h, start, x_t, r_t, i_t, first_t):
+    a = jax.nn.sigmoid(lam) ** (c * jax.nn.sigmoid(r_t))
+    new_doc = (start | first_t)[:, None]
+    mult = jnp.where(new_doc, 1.0, jnp.sqrt(1.0 - a**2))
+    h = a * h + mult * jax.nn.sigmoid(i_t) * x_t
+    return h, h
+
+  return scan_reference(step, zeros_or(s0, (bsz, d)), (x, gr, gi, first), seg)
+
+
+RG_LRU = OpSpec(
+    name="rg_lru", names=("x", "gate_r", "gate_i", "log_lambda_param"),
+    make=lambda rng, t, dtype: (normal(rng, (B, t, 4), dtype), normal(rng, (B, t, 4), dtype),
+                                normal(rng, (B, t, 4), dtype), uniform(rng, (4,), 0.0, 6.0, dtype)),
+    timed=(True, True, True, False),
+    run=lambda a, form, s0, seg: ops.rg_lru(
+        *a, chunk_size=CHUNK, **{k.replace("initial_state", "h0"): w
+                                 for k, w in _kw(form, s0, seg).items()}),
+    reference=ref_rg_lru, forms=("chunk", "associative", "recurrent"),
+    make_state=lambda rng, a: normal(rng, (B, 4)), state_name="h0",
+    step=lambda a, s: ops.rg_lru_step(*a, s))
+
+
+def _selective_bc(p, d):
+  """``[B, (T,) G, N]`` -> ``[B, (T,) D, N]``: channel ``d`` reads group ``d // (D / G)``."""
+  return jnp.repeat(p.astype(F32), d // p.shape[-2], axis=-2)
+
+
+def ref_selective(arrays, s0, seg):
+  x, dt, A, Bm, C, D, z, dt_bias = arrays
+  bsz, t, d = x.shape
+  delta = jax.nn.softplus(dt.astype(F32) + dt_bias.astype(F32))
+  A = A.astype(F32)
+
+  def step(h, start, x_t, delta_t, b_t, c_t):
+    h = jnp.exp(delta_t[..., None] * A) * h + (delta_t * x_t)[..., None] * _selective_bc(b_t, d)
+    return h, jnp.sum(h * _selective_bc(c_t, d), axis=-1)
+
+  y, h = scan_reference(step, zeros_or(s0, (bsz, d, A.shape[1])), (x, delta, Bm, C), seg)
+  y = (y + x.astype(F32) * D.astype(F32)) * jax.nn.silu(z.astype(F32))
+  return y, h
+
+
+SELECTIVE_SCAN = OpSpec(
+    name="selective_scan", names=("x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
+    make=lambda rng, t, dtype: (
+        normal(rng, (B, t, 4), dtype), normal(rng, (B, t, 4), dtype),
+        -jnp.exp(normal(rng, (4, 3), scale=0.5)).astype(dtype), normal(rng, (B, t, 2, 3), dtype),
+        normal(rng, (B, t, 2, 3), dtype), normal(rng, (4,), dtype), normal(rng, (B, t, 4), dtype),
+        normal(rng, (4,), dtype, scale=0.5)),
+    timed=(True, True, False, True, True, False, True, False),
+    run=lambda a, form, s0, seg: ops.selective_scan(*a[:7], dt_bias=a[7], chunk_size=CHUNK,
+                                                    **_kw(form, s0, seg)),
+    reference=ref_selective, forms=("chunk", "associative", "recurrent", "decay"),
+    make_state=lambda rng, a: normal(rng, (B, 4, 3)),
+    step=lambda a, s: ops.selective_scan_step(*a[:7], state=s, dt_bias=a[7]),
+    log_gate=2, rtol=1e-4, atol=1e-4)
+
+
+def ref_s4d(arrays, s0, seg):
+  u, ar, ai, b, c, log_dt, d = arrays
+  dt = jnp.exp(log_dt.astype(F32))[:, None]
+  a = lax.complex(ar.astype(F32), ai.astype(F32))
+  abar = jnp.exp(dt * a)
+  bbar = (abar - 1) / a * b
+
+  def step(h, start, u_t):
+    h = abar * h + bbar * u_t[..., None]
+    return h, 2 * jnp.sum(c * h, axis=-1).real
+
+  h0 = jnp.zeros(u.shape[:1] + ar.shape, jnp.complex64) if s0 is None else s0
+  y, h = scan_reference(step, h0, (u,), seg)
+  return y + u.astype(F32) * d.astype(F32), h
+
+
+def _make_s4d(rng, t, dtype):
+  ar, ai = ops.s4d_init("lin", 4, 3)
+  ar = ar * uniform(rng, (3, 4), 0.5, 1.5)  # distinct per channel
+  cplx = lambda shape: lax.complex(normal(rng, shape), normal(rng, shape))
+  return (normal(rng, (B, t, 3), dtype), ar, ai, cplx((3, 4)), cplx((3, 4)),
+          jnp.log(jnp.linspace(0.01, 0.2, 3)), normal(rng, (3,)))
+
+
+def _complex(s0):
+  """S4D's state travels through the suite as ``(real, imag)``: gradients and
+  comparisons stay real."""
+  return None if s0 is None else lax.complex(*s0)
+
+
+def _split(out):
+  y, h = out
+  return y, (h.real, h.imag)
+
+
+S4D = OpSpec(
+    name="s4d", names=("u", "A_real", "A_imag", "B", "C", "log_dt", "D"),
+    make=_make_s4d, timed=(True,) + (False,) * 6,
+    run=lambda a, form, s0, seg: _split(ops.s4d(*a, chunk_size=CHUNK,
+                                                 **_kw(form, _complex(s0), seg))),
+    reference=lambda a, s0, seg: _split(ref_s4d(a, _complex(s0), seg)),
+    forms=("fft", "chunk", "associative", "recurrent"),
+    make_state=lambda rng, a: (normal(rng, (B, 3, 4)), normal(rng, (B, 3, 4))),
+    step=lambda a, s: _split(ops.s4d_step(*a, state=_complex(s))),
+    # A complex state cannot be made int32 or float16 through (real, imag):
+    # test_ssm checks the dtype of S4D's state.
+    step_state_checked=False,
+    grad_args=(0, 1, 2, 5, 6), rtol=1e-4, atol=1e-4, grad_tol=2e-3)
+
+
+CONV_WIDTH = 4
+
+
+def ref_conv(arrays, s0, seg):
+  x, weight, bias = arrays
+  bsz, t, d = x.shape
+  w = weight.shape[0]
+
+  def step(window, start, x_t):
+    window = jnp.concatenate([window[:, 1:], x_t[:, None]], axis=1)
+    y = jnp.einsum("bwd,wd->bd", window, weight.astype(F32), precision="highest") + bias
+    return window, jax.nn.silu(y)
+
+  # The window carries the last W inputs; the state is its last W - 1.
+  win0 = jnp.concatenate([jnp.zeros((bsz, 1, d)), zeros_or(s0, (bsz, w - 1, d))], axis=1)
+  y, window = scan_reference(step, win0, (x,), seg)
+  return y, window[:, 1:]
+
+
+CONV = OpSpec(
+    name="causal_conv1d", names=("x", "weight", "bias"),
+    make=lambda rng, t, dtype: (normal(rng, (B, t, 3), dtype), normal(rng, (CONV_WIDTH, 3)),
+                                normal(rng, (3,))),
+    timed=(True, False, False),
+    run=lambda a, form, s0, seg: ops.causal_conv1d(*a, activation="silu", **_kw(form, s0, seg)),
+    reference=ref_conv, make_state=lambda rng, a: normal(rng, (B, CONV_WIDTH - 1, 3)),
+    step=lambda a, s: ops.causal_conv1d_step(a[0], s, a[1], a[2], activation="silu"),
+    rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------- softmax and its relatives
+
+
+def masked_softmax(q, k, v, allowed, scale=None):
+  """Dense float32 softmax attention; ``allowed`` ``[B, Tq, Tk]``."""
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(F32), k.astype(F32), precision="highest") * scale
+  p = jax.nn.softmax(jnp.where(allowed[:, None], s, -jnp.inf), axis=-1)
+  return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(F32), precision="highest")
+
+
+def same_segment(seg, b, t):
+  if seg is None:
+    return jnp.ones((b, t, t), bool)
+  run = jnp.cumsum(segment_starts(seg, b, t), axis=1)
+  return run[:, :, None] == run[:, None, :]
+
+
+def causal_mask(t):
+  return jnp.tril(jnp.ones((t, t), bool))[None]
+
+
+def ref_softmax(arrays, s0, seg):
+  q = arrays[0]
+  b, t = q.shape[:2]
+  return masked_softmax(*arrays, causal_mask(t) & same_segment(seg, b, t)), None
+
+
+SOFTMAX = OpSpec(
+    name="softmax_attention", names=("q", "k", "v"),
+    make=_make_qkv, timed=(True, True, True),
+    run=lambda a, form, s0, seg: (ops.softmax_attention(
+        *a, causal=True, algorithm=form, block_size=CHUNK, segment_ids=seg), None),
+    reference=ref_softmax, forms=("naive", "blockwise"), rtol=1e-4, atol=1e-5)
+
+WINDOW = 5
+
+
+def window_mask(t, window=WINDOW):
+  i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+  return jnp.asarray((j <= i) & (i - j < window))[None]
+
+
+def ref_sliding_window(arrays, s0, seg):
+  q = arrays[0]
+  b, t = q.shape[:2]
+  return masked_softmax(*arrays, window_mask(t) & same_segment(seg, b, t)), None
+
+
+def _sliding_step(a, cache):
+  o, cache = ops.sliding_window_step(*a, cache, window=WINDOW)
+  return o, cache
+
+
+SLIDING_WINDOW = OpSpec(
+    name="sliding_window_attention", names=("q", "k", "v"),
+    make=_make_qkv, timed=(True, True, True),
+    run=lambda a, form, s0, seg: (ops.sliding_window_attention(
+        *a, window=WINDOW, block_size=8, segment_ids=seg), None),
+    reference=ref_sliding_window, rtol=1e-4, atol=1e-5,
+    step=_sliding_step, step_state_checked=False,
+    step_state=lambda a: ops.init_sliding_window_cache(a[0].shape[0], H, WINDOW, K, V))
+
+
+def ref_longformer(arrays, s0, seg):
+  q, k, v, glob = arrays
+  b, t = q.shape[:2]
+  allowed = window_mask(t)[0] | (window_mask(t)[0].T)
+  allowed = allowed[None] | glob[:, :, None] | glob[:, None, :]
+  return masked_softmax(q, k, v, allowed & same_segment(seg, b, t)), None
+
+
+def _globals(rng, t):
+  g = np.zeros((B, t), bool)
+  g[0, rng.choice(t, size=min(2, t), replace=False)] = True
+  g[1, 0] = True
+  return jnp.asarray(g)
+
+
+LONGFORMER = OpSpec(
+    name="longformer_attention", names=("q", "k", "v", "global_mask"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (_globals(rng, t),),
+    timed=(True, True, True, True),
+    run=lambda a, form, s0, seg: (ops.longformer_attention(
+        *a, window=WINDOW, max_globals=4, block_size=8, segment_ids=seg), None),
+    reference=ref_longformer, rtol=1e-4, atol=1e-5)
+
+BIGBIRD_BLOCK = 4
+BIGBIRD_KEY = jax.random.PRNGKey(3)
+
+
+def ref_bigbird(arrays, s0, seg):
+  q = arrays[0]
+  b, t = q.shape[:2]
+  pattern = ops.bigbird_pattern(-(-t // BIGBIRD_BLOCK), key=BIGBIRD_KEY, causal=True)
+  blk = jnp.arange(t) // BIGBIRD_BLOCK
+  allowed = pattern.matrix[blk[:, None], blk[None, :]][None] & causal_mask(t)
+  return masked_softmax(*arrays, allowed & same_segment(seg, b, t)), None
+
+
+BIGBIRD = OpSpec(
+    name="bigbird_attention", names=("q", "k", "v"),
+    make=_make_qkv, timed=(True, True, True),
+    run=lambda a, form, s0, seg: (ops.bigbird_attention(
+        *a, block_size=BIGBIRD_BLOCK, key=BIGBIRD_KEY, causal=True, segment_ids=seg), None),
+    reference=ref_bigbird, rtol=1e-4, atol=1e-5,
+    # The random blocks are drawn per length, so a packed row and its segments
+    # called alone see different patterns: packing is checked against the
+    # reference (with segments) only. At least g + w + r = 7 blocks of 4.
+    packs=False, lengths=(29,))
+
+LINFORMER_P = 5
+
+
+def ref_linformer(arrays, s0, seg):
+  q, k, v, E, F = arrays
+  kp = jnp.einsum("pt,bthd->bphd", E.astype(F32), k.astype(F32), precision="highest")
+  vp = jnp.einsum("pt,bthd->bphd", F.astype(F32), v.astype(F32), precision="highest")
+  allowed = jnp.ones((q.shape[0], q.shape[1], LINFORMER_P), bool)
+  return masked_softmax(q, kp, vp, allowed), None
+
+
+LINFORMER = OpSpec(
+    name="linformer_attention", names=("q", "k", "v", "E", "F"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + tuple(
+        normal(rng, (LINFORMER_P, t), dtype, scale=t**-0.5) for _ in range(2)),
+    # E and F are [P, T]: axis 1 is the sequence.
+    timed=(True,) * 5,
+    run=lambda a, form, s0, seg: (ops.linformer_attention(*a), None),
+    reference=ref_linformer, segments=False, packs=False, rtol=1e-4, atol=1e-5)
+
+
+SPECS = (DECAY, LINEAR, GLA, RETENTION, HGRN2, RWKV6, SSD, GATED_DELTANET,
+         DELTANET, LINEAR_SCAN, RG_LRU, SELECTIVE_SCAN, S4D, CONV, SOFTMAX, SLIDING_WINDOW,
+         LONGFORMER, BIGBIRD, LINFORMER)
+STATEFUL = tuple(s for s in SPECS if s.make_state is not None)
+WITH_STEP = tuple(s for s in SPECS if s.step is not None)
+WITH_LOG_GATE = tuple(s for s in SPECS if s.log_gate is not None)
+assert all(len(s.names) == len(s.timed) for s in SPECS)
