@@ -14,7 +14,7 @@ from flax import nnx
 from jax import lax
 
 from linear_attention.nn import base
-from linear_attention.nn.base import check_positive
+from linear_attention.nn.mixer import check_positive
 from linear_attention.ops import lowrank as lowrank_ops
 from linear_attention.ops import softmax as softmax_ops
 from linear_attention.ops import sparse as sparse_ops

@@ -116,7 +116,7 @@ def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: st
   return loss, {"loss_sum": loss_sum, "correct": jnp.sum(correct * w), "weight": weight}
 
 
-def _make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None):
+def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None):
   """Jitted train and eval steps on the flat ``(model, optimizer)`` state.
 
   ``jax.jit`` over ``nnx.split`` state (rather than ``nnx.jit`` on the objects) gives explicit
@@ -143,7 +143,80 @@ def _make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int 
   return train, evaluate
 
 
+_make_steps = make_steps  # the name experiments/bench_train.py uses
+
+
 # ----------------------------------------------------------------------------- helpers
+
+
+class TrainWindow:
+  """The training metrics of the steps since the last log line.
+
+  Per-step metrics stay on the device until :meth:`drain` fetches them in one transfer (so
+  the host does not wait on every step) and checks them; :meth:`summary` turns the window
+  into the logged record and starts a new one. Throughput counts the steps after
+  :meth:`restart_clock`, less the time handed to :meth:`exclude`.
+
+  Args:
+    checkpoint_dir: named in the non-finite error (the last good state is there).
+  """
+
+  def __init__(self, checkpoint_dir: str):
+    self.checkpoint_dir = checkpoint_dir
+    self._pending: list[tuple[int, dict]] = []
+    self._loss: list[float] = []
+    self._accuracy: list[float] = []
+    self.restart_clock()
+
+  def add(self, step: int, metrics: dict) -> None:
+    """Queues the (device) metrics of ``step`` completed steps."""
+    self._pending.append((step, metrics))
+    self._steps += 1
+
+  @property
+  def num_pending(self) -> int:
+    return len(self._pending)
+
+  @property
+  def has_values(self) -> bool:
+    return bool(self._loss)
+
+  def drain(self) -> None:
+    """Fetches the queued metrics; raises on the first non-finite step.
+
+    Raises:
+      NonFiniteLossError: naming the step and whether the loss, the gradient norm or both.
+    """
+    if not self._pending:
+      return
+    got = jax.device_get([m for _, m in self._pending])
+    for (step, _), m in zip(self._pending, got):
+      if not bool(m["finite"]):
+        raise NonFiniteLossError(non_finite_message(step, float(m["loss"]),
+                                                    float(m["grad_norm"]), self.checkpoint_dir))
+      self._loss.append(float(m["loss"]))
+      self._accuracy.append(float(m["accuracy"]))
+    self._pending = []
+
+  def restart_clock(self) -> None:
+    """Throughput counts from now (after compilation, after a log line)."""
+    self._t0, self._steps = time.time(), 0
+
+  def exclude(self, seconds: float) -> None:
+    """Leaves ``seconds`` (an evaluation) out of the throughput."""
+    self._t0 += seconds
+
+  def summary(self, tokens_per_step: int, **extra: float) -> dict[str, float]:
+    """``{"loss", "accuracy", "tokens_per_s", **extra}`` of the drained steps; starts a new
+    window."""
+    el = time.time() - self._t0
+    out = {"loss": float(np.mean(self._loss)), "accuracy": float(np.mean(self._accuracy)),
+           "tokens_per_s": self._steps * tokens_per_step / el if el > 0 and self._steps else 0.0,
+           **extra}
+    self._loss, self._accuracy = [], []
+    self.restart_clock()
+    return out
+
 
 
 def _check_config(config: ml_collections.ConfigDict) -> None:
@@ -325,7 +398,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
   state = jax.device_put(state, state_sh)
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  train_fn, eval_fn = _make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl,
+  train_fn, eval_fn = make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl,
                                   getattr(ds, "max_targets_per_row", None))
 
   tcfg = config.train
@@ -375,22 +448,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
     return res
 
   stopped_at, last_eval = None, None
-  pending: list[tuple[int, dict]] = []
-  window = {"loss": [], "accuracy": []}
+  window = TrainWindow(ckpt.directory)
   last_train: dict[str, float] = {}
-  t_window, steps_window = time.time(), 0
-
-  def drain():
-    """Fetches the pending per-step metrics; raises on the first non-finite step."""
-    nonlocal pending
-    got = jax.device_get([m for _, m in pending])
-    for (s, _), m in zip(pending, got):
-      if not bool(m["finite"]):
-        raise NonFiniteLossError(non_finite_message(s, float(m["loss"]), float(m["grad_norm"]),
-                                                    ckpt.directory))
-      window["loss"].append(float(m["loss"]))
-      window["accuracy"].append(float(m["accuracy"]))
-    pending = []
 
   try:
     with _SigtermFlag() as sigterm:
@@ -400,33 +459,25 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
         batch = sharding.put_batch(host_batch, mesh)
         state, m = train_fn(state, batch)
         done = step + 1
-        pending.append((done, m))
+        window.add(done, m)
         if done == start + 1:  # leave compilation out of tokens/s (the loss still counts)
-          drain()
-          t_window, steps_window = time.time(), 0
-        else:
-          steps_window += 1
+          window.drain()
+          window.restart_clock()
         log_now = (tcfg.log_every and done % tcfg.log_every == 0) or done == total
         eval_now = bool(tcfg.eval_every and done % tcfg.eval_every == 0 and done != total)
         preempt = sigterm.set
         save_now = done == total or preempt or ckpt.should_save(done)
-        if log_now or eval_now or save_now or len(pending) >= 64:
-          drain()  # every saved or logged state has passed the finiteness check
-        if log_now and window["loss"]:
-          el = time.time() - t_window
-          last_train = {"loss": float(np.mean(window["loss"])),
-                        "accuracy": float(np.mean(window["accuracy"])),
-                        "lr": float(schedule(done - 1)),
-                        "tokens_per_s": steps_window * tokens_per_step / el if el > 0 and steps_window else 0.0,
-                        "elapsed": time.time() - t_start}
+        if log_now or eval_now or save_now or window.num_pending >= 64:
+          window.drain()  # every saved or logged state has passed the finiteness check
+        if log_now and window.has_values:
+          last_train = window.summary(tokens_per_step, lr=float(schedule(done - 1)),
+                                      elapsed=time.time() - t_start)
           writer.write(done, "train", last_train)
           progress.update(done, last_train["loss"], last_train["tokens_per_s"])
-          window = {"loss": [], "accuracy": []}
-          t_window, steps_window = time.time(), 0
         if eval_now:
           t_eval = time.time()
           last_eval = run_eval(done)
-          t_window += time.time() - t_eval  # evaluation time is not training throughput
+          window.exclude(time.time() - t_eval)  # evaluation time is not training throughput
           if early_stop_reached(tcfg, last_eval):
             stopped_at = done
             progress.message(f"step {done}: validation {tcfg.early_stop_metric} reached "
@@ -440,8 +491,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
                                f"{ckpt.directory}. Rerun the same command to resume.")
         if stopped_at is not None:
           break
-      if pending:
-        drain()
+      window.drain()
     if stopped_at is None and start >= total and total > 0 and ckpt.latest_step() != total:
       ckpt.save(total, state, force=True)
     ckpt.wait_until_finished()
@@ -469,73 +519,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   return final
 
 
-def load_checkpoint(workdir: str, step: int | None = None) -> dict:
-  """The raw arrays of a checkpoint in ``workdir`` (default: the latest), as nested dicts.
-
-  For inspection and tests; training restores through :func:`train_and_evaluate`.
-  """
-  import orbax.checkpoint as ocp
-  mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR)),
-                               options=ocp.CheckpointManagerOptions(read_only=True))
-  step = mngr.latest_step() if step is None else step
-  if step is None:
-    raise ValueError(f"no complete checkpoint in {workdir!r}.")
-  out = mngr.restore(step, args=ocp.args.StandardRestore())
-  mngr.close()
-  return out
-
-
-def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None = None, *,
-                        num_batches: int | None = None, split: str = "validation",
-                        step: int | None = None) -> dict:
-  """Evaluates a trained run's checkpoint on its task with some data fields changed.
-
-  For generalisation tests: a model trained at ``seq_len=256`` evaluated at 16k, an MQAR
-  model on another number of pairs. Nothing in ``workdir`` is written.
-
-  Args:
-    workdir: a run directory of :func:`train_and_evaluate`.
-    data_overrides: fields of ``config.data`` to change (``{"seq_len": 4096}``).
-    num_batches: evaluation batches (``None``: the dataset's default).
-    split: the split to evaluate.
-    step: the checkpoint (default: the latest).
-
-  Returns:
-    ``{"loss", "accuracy", "step"}`` (plus ``bits_per_byte`` for text).
-
-  Raises:
-    ValueError: not a run directory, no checkpoint, an override that changes the vocabulary
-      or the classes (the model could not read it), or a bad data field.
-  """
-  from linear_attention import data
-
-  config = load_config(workdir)
-  trained = data.make_dataset(config.data)
-  dcfg = config.data.to_dict()
-  dcfg.update(dict(data_overrides or {}))
-  ds = data.make_dataset(dcfg)
-  if (ds.vocab_size, ds.num_classes) != (trained.vocab_size, trained.num_classes):
-    raise ValueError(f"data_overrides {dict(data_overrides)} change the vocabulary/classes from "
-                     f"{(trained.vocab_size, trained.num_classes)} to "
-                     f"{(ds.vocab_size, ds.num_classes)}; the trained model cannot read them.")
-  model = create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
-                       int(config.train.seed))
-  opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
-  mesh = sharding.make_mesh(config.mesh)
-  graphdef, state = nnx.split((model, opt))
-  state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
-  ckpt = ckpt_lib.Checkpointer(workdir, 0, 1, False)
-  try:
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-      raise ValueError(f"no complete checkpoint in {workdir!r}.")
-    state = ckpt.restore(step, jax.device_put(state, state_sh))
-  finally:
-    ckpt.close()
-  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  _, eval_fn = _make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl,
-                           getattr(ds, "max_targets_per_row", None))
-  res = evaluate(eval_fn, state, ds, mesh, num_batches, split)
-  if config.data.get("task") == "text":
-    res["bits_per_byte"] = res["loss"] / math.log(2)
-  return {**res, "step": int(step)}
+def __getattr__(name: str):
+  # The run-directory readers moved to ``train.results`` (which imports this module, so it
+  # cannot be imported here at the top); ``trainer.evaluate_checkpoint`` keeps working.
+  if name in ("evaluate_checkpoint", "load_checkpoint"):
+    from linear_attention.train import results
+    return getattr(results, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

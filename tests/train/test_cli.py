@@ -49,6 +49,13 @@ def test_config_errors_write_nothing(tmp_path, config, flags, match):
   assert not wd.exists()
 
 
+def test_missing_config_file_is_one_line(tmp_path):
+  p = _run(_main_cmd(tmp_path / "run", "configs/nope.py"))
+  assert p.returncode == 2
+  assert p.stderr.strip().splitlines() == ["error: config file 'configs/nope.py' not found."]
+  assert not (tmp_path / "run").exists()
+
+
 def test_unwritable_workdir(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("")

@@ -1,0 +1,98 @@
+"""Reading a run directory: its config, final metrics and checkpoints, and evaluating a
+checkpoint on changed data. Nothing here writes to the workdir, so it is safe on a run
+that is still training.
+
+``load_config`` and ``load_final_metrics`` read plain files and are defined in
+:mod:`~linear_attention.train.rundir` (the trainer needs them too, and this module imports
+the trainer); every checkpoint read goes through the one wrapper,
+:class:`~linear_attention.train.checkpoint.Checkpointer`, opened read-only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import jax
+from flax import nnx
+
+from linear_attention.train import checkpoint as ckpt_lib
+from linear_attention.train import optim
+from linear_attention.train import sharding
+from linear_attention.train import trainer
+from linear_attention.train.rundir import load_config, load_final_metrics  # noqa: F401
+
+
+def load_checkpoint(workdir: str, step: int | None = None) -> dict:
+  """The raw arrays of a checkpoint in ``workdir`` (default: the newest), as nested dicts.
+
+  For inspection and tests; training restores through ``train_and_evaluate``.
+
+  Raises:
+    ValueError: no complete checkpoint in ``workdir``.
+  """
+  ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
+  try:
+    return ckpt.restore_raw(step)
+  finally:
+    ckpt.close()
+
+
+def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None = None, *,
+                        num_batches: int | None = None, split: str = "validation",
+                        step: int | None = None) -> dict:
+  """Evaluates a trained run's checkpoint on its task with some data fields changed.
+
+  For generalisation tests: a model trained at ``seq_len=256`` evaluated at 16k, an MQAR
+  model on another number of pairs. Nothing in ``workdir`` is written.
+
+  Args:
+    workdir: a run directory of ``train_and_evaluate``.
+    data_overrides: fields of ``config.data`` to change (``{"seq_len": 4096}``).
+    num_batches: evaluation batches (``None``: the dataset's default).
+    split: the split to evaluate.
+    step: the checkpoint (default: the newest that restores).
+
+  Returns:
+    ``{"loss", "accuracy", "step"}`` (plus ``bits_per_byte`` for text).
+
+  Raises:
+    ValueError: not a run directory, no checkpoint, an override that changes the vocabulary
+      or the classes (the model could not read it), or a bad data field.
+    CheckpointError: checkpoints exist but none restores.
+  """
+  from linear_attention import data
+
+  config = load_config(workdir)
+  trained = data.make_dataset(config.data)
+  dcfg = config.data.to_dict()
+  dcfg.update(dict(data_overrides or {}))
+  ds = data.make_dataset(dcfg)
+  if (ds.vocab_size, ds.num_classes) != (trained.vocab_size, trained.num_classes):
+    raise ValueError(f"data_overrides {dict(data_overrides)} change the vocabulary/classes from "
+                     f"{(trained.vocab_size, trained.num_classes)} to "
+                     f"{(ds.vocab_size, ds.num_classes)}; the trained model cannot read them.")
+  model = trainer.create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
+                               int(config.train.seed))
+  opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
+  mesh = sharding.make_mesh(config.mesh)
+  graphdef, state = nnx.split((model, opt))
+  state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
+  state = jax.device_put(state, state_sh)
+  ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
+  try:
+    if step is None:
+      step, state = ckpt.restore_latest(state)
+      if not step:
+        raise ValueError(f"no complete checkpoint in {workdir!r}.")
+    else:
+      state = ckpt.restore(step, state)
+  finally:
+    ckpt.close()
+  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  _, eval_fn = trainer.make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh),
+                                  repl, getattr(ds, "max_targets_per_row", None))
+  res = trainer.evaluate(eval_fn, state, ds, mesh, num_batches, split)
+  if config.data.get("task") == "text":
+    res["bits_per_byte"] = res["loss"] / math.log(2)
+  return {**res, "step": int(step)}
