@@ -23,6 +23,7 @@ Each study's output goes to ``runs/studies/logs/<study>.log``.
     python experiments/run_studies.py --only mqar,synthetic    # two studies, then the notebooks
     python experiments/run_studies.py --notebooks-only         # re-execute the notebooks
     python experiments/run_studies.py --dry-run                # print the commands
+    python experiments/run_studies.py --collect --only mqar    # what has finished so far
     python experiments/run_studies.py --smoke --results /tmp/la  # tiny, outside the repo
 
 The full sizes take hours on 2 CPU cores (the training studies about 90
@@ -59,17 +60,29 @@ STUDIES = {
 NOTEBOOK_ORDER = ("cost", "approximation", "mqar", "synthetic", "lm", "listops", "index")
 
 
-def study_command(study: str, results: str, smoke: bool) -> list[str]:
+
+
+def collects(study: str) -> bool:
+  """Whether the study's script honours ``--collect`` (passes it on to ``train_grid``); a
+  script that only parses the shared flag would train instead."""
+  with open(os.path.join(REPO_ROOT, STUDIES[study][0])) as f:
+    return "collect_only=args.collect" in f.read()
+
+
+def study_command(study: str, results: str, smoke: bool, collect: bool = False) -> list[str]:
   """The command line that runs ``study`` into ``<results>/<study>``."""
   args = list(STUDIES[study])
   if smoke:  # the smoke size replaces the full size's own arguments
     args = [args[0], "--smoke"]
+  if collect:
+    args.append("--collect")
   return [sys.executable, *args, "--out", os.path.join(results, study)]
 
 
-def run_study(study: str, results: str, smoke: bool, dry_run: bool) -> tuple[int, float]:
+def run_study(study: str, results: str, smoke: bool, dry_run: bool,
+              collect: bool = False) -> tuple[int, float]:
   """Runs one study; returns its exit status and wall time in seconds."""
-  cmd = study_command(study, results, smoke)
+  cmd = study_command(study, results, smoke, collect)
   print(f"[{study}] {' '.join(cmd[1:])}", flush=True)
   if dry_run:
     return 0, 0.0
@@ -123,6 +136,10 @@ def main(argv=None) -> int:
                  "results/studies)")
   p.add_argument("--smoke", action="store_true",
                  help="tiny sizes (needs --results outside results/studies)")
+  p.add_argument("--collect", action="store_true",
+                 help="train nothing: the studies whose script takes it write the runs "
+                      "finished so far (partial results, said so in the claims); the others "
+                      "are left as they are")
   p.add_argument("--timeout", type=int, default=600, help="seconds per notebook cell")
   p.add_argument("--dry-run", action="store_true", help="print the study commands, run nothing")
   a = p.parse_args(argv)
@@ -138,9 +155,15 @@ def main(argv=None) -> int:
 
   failed = []
   t0 = time.time()
+  if a.collect:
+    skipped = [s for s in studies if not collects(s)]
+    studies = [s for s in studies if collects(s)]
+    if skipped:
+      print(f"--collect: leaving {', '.join(skipped)} as they are (no --collect in their "
+            "script)")
   if not a.notebooks_only:
     for s in studies:
-      rc, _ = run_study(s, results, a.smoke, a.dry_run)
+      rc, _ = run_study(s, results, a.smoke, a.dry_run, a.collect)
       if rc:
         failed.append(f"study {s}: exit {rc}")
   if a.dry_run:
