@@ -82,6 +82,16 @@ class TestChunkDecayKernel:
     grads = jax.grad(lambda g: jnp.sum(cd.chunk_decay_attention(q, k, v, g, **path) ** 2))(g)
     assert np.all(np.isfinite(np.asarray(grads)))
 
+  def test_minus_infinity_is_a_hard_reset(self, path):
+    # log decay -inf (exp = 0) wipes the state: finite, and equal to the recurrence.
+    q, k, v, g, s0 = make("vector")
+    g = g.at[:, 5].set(-jnp.inf).at[:, 33, 1].set(-jnp.inf)
+    out = cd.chunk_decay_attention(q, k, v, g, initial_state=s0, return_state=True, **path)
+    ref = ops.decay_linear_attention(q, k, v, g, initial_state=s0, return_state=True,
+                                     form="recurrent")
+    assert_close(out[0], ref[0], 1e-4, 1e-4, "o")
+    assert_close(out[1], ref[1], 1e-4, 1e-4, "state")
+
   def test_bfloat16_inputs(self, path):
     # bfloat16 dot operands with float32 accumulation and state: within the
     # shared bf16 tolerance of the float32 reference.

@@ -240,7 +240,9 @@ def _chunk_decay(q, k, v, log_decay, initial_state, *, scale, block_sizes, platf
   qh, kh, vh = layout(q, kp), layout(k, kp), layout(v, vp)
   gc = None
   if mode != "none":
-    g = log_decay.astype(jnp.float32)
+    # -inf (a hard reset) would give inf - inf in the cumulative sums: floored
+    # where a single step already decays by exactly 0.
+    g = common.floor_log_decay(log_decay.astype(jnp.float32))
     g = layout(g if mode == "vector" else g[..., None], kp if mode == "vector" else 1)
     # Padding has log decay 0: the state passes through padded steps unchanged.
     gc = jnp.cumsum(g.reshape(b, h, tp // c, c, -1), axis=3).reshape(g.shape)

@@ -65,8 +65,21 @@ class ChunkDecayBlockSizes:
 
   @classmethod
   def default(cls, platform: str) -> "ChunkDecayBlockSizes":
-    """The default tiling for ``platform``."""
-    del platform
+    """The default tiling for ``platform``.
+
+    GPU: chunks of 32, value blocks of 32, 8 warps, 2 pipeline stages, chosen
+    from deviceless compiles for H200 and A100 at K = V = 128 (bf16, per-channel
+    decay; ``experiments/compile_report.py``): Triton's defaults (chunk 64,
+    block_v 64, 4 warps, 3 stages) asked for 295936 B of shared memory in the
+    forward (232448 available on H100/H200, 166912 on A100); now at most
+    142848 B. One stage spills more registers in the backward than two; 8
+    warps halve the registers per thread of the on-chip ``[chunk, K]`` tiles
+    and the state (16 warps cap a thread at 128 registers and spill more).
+    The backward still spills at K = 128 (measured in
+    ``tests/kernels/test_compile_gpu.py``).
+    """
+    if platform == "gpu":
+      return cls(chunk=32, sub_chunk=16, block_v=32, num_warps=8, num_stages=2)
     return cls()
 
   def check(self, platform: str, interpret=False) -> None:

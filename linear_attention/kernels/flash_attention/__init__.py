@@ -172,7 +172,7 @@ def flash_attention(
     window: optional int >= 1: causal, keys ``i - window < j <= i``; not
       causal, ``|i - j| < window``. Key blocks outside the band are skipped.
     block_sizes: :class:`FlashBlockSizes`; ``None``:
-      ``FlashBlockSizes.default(platform)``.
+      ``FlashBlockSizes.default(platform, q.dtype)``.
     platform: ``"gpu"`` (Triton) or ``"tpu"`` (Mosaic); ``None``: the platform
       of the device the call compiles for (the ``jax.default_device`` when set,
       a compile-only device from ``jax.experimental.topologies`` included, else
@@ -189,6 +189,9 @@ def flash_attention(
     Statistics and accumulation are float32.
   """
   _, t, h, hkv, dk, _ = _check_inputs(q, k, v, segment_ids, window)
+  if block_sizes is None:
+    block_sizes = FlashBlockSizes.default(
+        dispatch.default_platform() if platform is None else platform, q.dtype)
   platform, blocks, interpret = dispatch.resolve_launch(
       "flash_attention", unsupported_arguments(q), platform, block_sizes, FlashBlockSizes,
       interpret)

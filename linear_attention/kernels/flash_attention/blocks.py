@@ -47,11 +47,24 @@ class FlashBlockSizes:
   num_stages: int | None = None
 
   @classmethod
-  def default(cls, platform: str) -> "FlashBlockSizes":
-    """Defaults per platform: GPU as above; TPU 128 everywhere (one (8, 128)-aligned tile)."""
+  def default(cls, platform: str, dtype=None) -> "FlashBlockSizes":
+    """Defaults per platform (and on GPU per input dtype).
+
+    TPU: 128 everywhere (one (8, 128)-aligned tile). GPU, from deviceless
+    compiles for H200 and A100 at head dim 128 (``experiments/compile_report.py``):
+    8 warps (with Triton's default 4 the forward used 255 registers and
+    spilled 156 B, the dk/dv kernel 52 B; with 8 no bf16 kernel spills on
+    either). Float32 tiles are twice the bytes: with the bf16 tiling the
+    float32 forward asked for 279552 B of shared memory (232448 available),
+    so float32 takes query blocks of 64, key blocks of 32 in dq and 2 pipeline
+    stages; its dk/dv kernel still spills (the measured exceptions are in
+    ``tests/kernels/test_compile_gpu.py``).
+    """
     if platform == "tpu":
       return cls(128, 128, 128, 128, 128, 128)
-    return cls()
+    if dtype is not None and jnp.dtype(dtype).itemsize >= 4:
+      return cls(64, 64, 64, 64, 64, 32, num_warps=8, num_stages=2)
+    return cls(num_warps=8)
 
   def query_side(self) -> tuple[str, ...]:
     return ("block_q", "block_q_dkv", "block_q_dq")
