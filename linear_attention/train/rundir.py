@@ -9,6 +9,7 @@ imports JAX, so the command line and the sweep runner can use it before the heav
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -99,8 +100,11 @@ class WorkdirLock:
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as e:
       os.close(fd)
+      if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+        raise errors.ConfigError(f"cannot lock {self.path!r} ({e.strerror or e}); the workdir's "
+                                 "filesystem must support file locks.") from None
       h = self.holder() or {}
       who = (f"process {h.get('pid')} on {h.get('host')} (started {h.get('started')})"
              if h.get("pid") else "another process")
