@@ -57,9 +57,13 @@ Array = jax.Array
 
 IMPLEMENTATIONS = dispatch.IMPLEMENTATIONS
 ALGORITHMS = (None, "naive", "blockwise")
-# Longest sequence for which algorithm=None picks the naive path: its
-# float32 logits are B*H*T*T*4 bytes (16 MiB per batch row and head at 2048).
-NAIVE_MAX_LEN = 1024
+# Longest sequence for which algorithm=None picks the naive path. Measured on
+# CPU (results/softmax_baseline_cpu.json, experiments/softmax_baseline.py:
+# causal float32, B=1, H=4, D=64, forward+backward): naive is fastest at
+# T = 256 (6.6 ms vs 9.3 blockwise), blockwise from 512 on (19 vs 188 ms at
+# 512, 121 vs 971 at 1024); jax.nn.dot_product_attention (XLA) is never the
+# fastest forward+backward above 256.
+NAIVE_MAX_LEN = 256
 # Logit given to masked pairs: finite, so max/exp never see inf - inf.
 MASK_VALUE = -1e30
 # Segment ids given to padding: padded keys match no query, padded queries no key.
@@ -411,7 +415,7 @@ def softmax_attention(
       ``DeprecationWarning``: they mean ``algorithm=``.
     algorithm: the XLA path: ``"naive"`` (materialises ``[B, H, T, T]``
       float32 logits), ``"blockwise"`` (online softmax, ``O(T)`` memory,
-      custom backward) or ``None``: naive for ``T <= NAIVE_MAX_LEN`` (1024),
+      custom backward) or ``None``: naive for ``T <= NAIVE_MAX_LEN`` (256),
       blockwise above. Setting it implies XLA (with ``"pallas"`` it raises).
     block_size: query and key block length of the blockwise path (any ``T``
       works: padded inside; capped at ``T``). The Pallas kernel uses its own

@@ -59,10 +59,12 @@ def compiled(request):
 
 
 def _cases():
-  """(target, case): every case on the first target, the gpu_check shapes on the
-  others (the odd shape exercises padding, which does not depend on the target)."""
+  """(target, case): every case on the first target; on the others the bf16
+  cases at the gpu_check shapes, the ones whose resources differ per target
+  (the odd shape's padding and float32 do not), to keep CI's stage short.
+  ``experiments/compile_report.py`` compiles every case on every target."""
   return [(t, c) for i, t in enumerate(TARGETS) for c in sorted(aot.CASES)
-          if i == 0 or c.endswith("/gpu_check")]
+          if i == 0 or c.endswith("/bf16/gpu_check")]
 
 
 @pytest.mark.parametrize("target,case", _cases())
