@@ -37,8 +37,6 @@ from jax import lax
 from linear_attention.kernels import chunk_decay as kernel
 from linear_attention.kernels import dispatch
 from linear_attention.ops import common
-# The one log-decay check lives in common; this name stays for existing callers.
-from linear_attention.ops.common import check_log_decay  # noqa: F401
 
 Array = jax.Array
 

@@ -138,7 +138,8 @@ def sequence_parallel_decay_attention_local(
 
   Args:
     q, k: ``[B, T, H, K]`` local slices; v: ``[B, T, H, V]``.
-    log_decay: None, ``[B, T, H]`` or ``[B, T, H, K]`` local slice, ``<= 0``.
+    log_decay: None, ``[B, T, H]`` or ``[B, T, H, K]`` local slice, ``<= 0`` (``-inf``
+      allowed; the sign is checked only for concrete values, not under ``jit``).
     axis_name: the mesh axis the sequence is split along.
     scale: output scale; ``None`` means ``K ** -0.5``.
     chunk_size: chunk length of the local chunk form.
@@ -275,7 +276,8 @@ def sequence_parallel_decay_attention(
 
   Args:
     q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (global arrays).
-    log_decay: None, ``[B, T, H]`` or ``[B, T, H, K]``, values ``<= 0``.
+    log_decay: None, ``[B, T, H]`` or ``[B, T, H, K]``, values ``<= 0`` (``-inf``
+      allowed; the sign is checked only for concrete values, not under ``jit``).
     mesh: the device mesh.
     axis_name: mesh axis to split the sequence over; ``T`` must be divisible
       by its size.
@@ -330,7 +332,8 @@ def sequence_parallel_gla(q: Array, k: Array, v: Array, log_g: Array, *, mesh: M
   """:func:`~linear_attention.ops.gated.gla` with the sequence split over ``axis_name``.
 
   Args:
-    q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; log_g: ``[B, T, H, K]`` (``<= 0``).
+    q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; log_g: ``[B, T, H, K]`` (``<= 0``,
+      checked only when concrete).
     mesh, axis_name, batch_axis, scale, chunk_size, initial_state, return_state,
       segment_ids: as in :func:`sequence_parallel_decay_attention`.
 

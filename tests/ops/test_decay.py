@@ -125,3 +125,22 @@ def test_inside_shard_map_without_initial_state():
   for fn, second in zip(cases, (g, g, beta)):
     sharded = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x")))
     assert_close(sharded(put(q), put(second)), fn(q, second))
+
+
+def test_traced_log_decay_sign_is_checked_with_checkify():
+  """Under jit the sign cannot be read: common.log_decay_checks makes it a checkify check."""
+  from jax.experimental import checkify
+  from linear_attention.ops import common
+  q, k, v, g, _ = make("scalar", t=8)
+
+  @jax.jit
+  def run(g):
+    common.log_decay_checks(g)
+    return ops.decay_linear_attention(q, k, v, g, chunk_size=4)
+
+  checked = jax.jit(checkify.checkify(run))
+  err, _ = checked(g)
+  err.throw()  # a valid gate passes
+  err, _ = checked(-g)
+  with pytest.raises(checkify.JaxRuntimeError, match="log_decay must be <= 0"):
+    err.throw()
