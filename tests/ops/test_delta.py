@@ -36,6 +36,7 @@ def make_inputs(seed, b=2, t=37, h=2, dk=8, dv=6, gated=True, min_log_decay=-1.0
   return q, k, v, beta, g, s0
 
 
+@jax.jit
 def reference(q, k, v, beta, g=None, s0=None, segment_ids=None):
   """The conformance suite's plain float32 recurrence, ``(o, final state)``."""
   arrays = (q, k, v, beta) + (() if g is None else (g,))
