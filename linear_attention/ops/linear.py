@@ -264,7 +264,7 @@ def linear_attention_step(
   phi_q, phi_k, engine_scale, _ = _features(
       q, k, feature_map, scale=scale, key=key, num_features=num_features,
       projection=projection, normalize=normalize)
-  vv = v.astype(state.dtype)
+  vv = v.astype(phi_q.dtype)  # the engine step computes in the state's dtype
   vv = _with_ones(vv) if normalize else vv
   out, state = decay.decay_linear_attention_step(phi_q, phi_k, vv, state, scale=engine_scale)
   o = _divide(out, eps) if normalize else out
