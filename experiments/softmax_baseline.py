@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -27,16 +26,8 @@ import numpy as np  # noqa: E402
 
 from linear_attention import ops  # noqa: E402
 
-
-def _time(fn, *args, reps: int) -> float:
-  """Median wall time in ms of ``fn(*args)`` after one warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return 1e3 * float(np.median(times))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check import timeit  # noqa: E402  (one timer for the experiments)
 
 
 IMPLS = {
@@ -63,8 +54,8 @@ def main(argv=None) -> int:
     row = {}
     for name, fn in IMPLS.items():
       grad = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v)), argnums=(0, 1, 2)))
-      row[name] = {"fwd": _time(jax.jit(fn), q, k, v, reps=args.reps),
-                   "fwd_bwd": _time(grad, q, k, v, reps=args.reps)}
+      row[name] = {"fwd": timeit(jax.jit(fn), q, k, v, reps=args.reps),
+                   "fwd_bwd": timeit(grad, q, k, v, reps=args.reps)}
     row["fastest_fwd_bwd"] = min(IMPLS, key=lambda n: row[n]["fwd_bwd"])
     out["ms"][str(t)] = row
     print(t, json.dumps(row), flush=True)
