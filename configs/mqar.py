@@ -11,6 +11,7 @@ model, since the best one differs between architectures).
 from __future__ import annotations
 
 from configs import common
+from linear_attention.nn import registry
 from linear_attention.train import sweep_utils
 
 SIZES = {
@@ -44,5 +45,5 @@ def get_config(arg: str | None = None):
 def get_sweep(arg: str | None = None) -> list[dict]:
   """Mixers x learning rates (override dicts for ``linear_attention.sweep``)."""
   del arg
-  return sweep_utils.product({"model.mixer": ["softmax", "gla", "mamba2", "hawk"]},
+  return sweep_utils.product({"model.mixer": list(registry.select(study="mqar"))},
                              {"optim.lr": [1e-3, 3e-3]})

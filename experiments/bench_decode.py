@@ -26,9 +26,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import models
+from linear_attention.nn import registry
 
-DEFAULT_MIXERS = ("softmax", "local", "linear", "gla", "retnet", "mamba2", "gated_deltanet",
-                  "hawk", "mamba")
+DEFAULT_MIXERS = registry.select(study="bench_decode")
 
 
 def _at_position(cache, position: int):

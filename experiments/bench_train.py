@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from linear_attention import models
+from linear_attention.nn import registry
 from linear_attention.train import optim, trainer
 
 
@@ -57,7 +58,7 @@ def bench_one(mixer: str, seq_len: int, batch: int, d_model: int, num_layers: in
 
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--mixers", default="softmax,gla,mamba2,hawk")
+  p.add_argument("--mixers", default=",".join(registry.select(study="bench_train")))
   p.add_argument("--seq_lens", default="512,4096")
   p.add_argument("--batch_tokens", type=int, default=32768, help="batch = batch_tokens // T")
   p.add_argument("--d_model", type=int, default=256)

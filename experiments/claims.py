@@ -123,6 +123,8 @@ import os
 import sys
 import textwrap
 
+from linear_attention.nn import registry
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
 
@@ -140,8 +142,8 @@ LINEAR_SLOPE = (0.8, 1.2)
 QUADRATIC_SLOPE = (1.7, 2.5)
 CONSTANT_SLOPE = (-0.2, 0.2)
 SEPARATED_SLOPE = 0.5  # "in shape": the linear slope below the quadratic one by this much
-GATED = ("gla", "mamba", "mamba2", "gated_deltanet", "hawk", "hgrn2", "rwkv6")
-UNGATED = ("linear", "performer")
+GATED = registry.select(gating="data")  # input-dependent gates or decays
+UNGATED = registry.select(family="linear", gating="none")
 SELECTIVE = ("mamba", "mamba2")
 
 

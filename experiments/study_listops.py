@@ -28,8 +28,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
 
-MIXERS = ("softmax", "linear", "performer", "gla", "mamba2", "gated_deltanet", "hawk",
-          "longformer", "bigbird", "linformer")
+from linear_attention.nn import registry  # noqa: E402
+
+MIXERS = registry.select(study="listops")
 
 FULL = dict(mixers=MIXERS, d_model=64, num_layers=2, num_heads=2, seq_len=128, batch=32,
             max_depth=5, max_args=5, min_length=32, max_length=128, steps=400, lr=3e-3,

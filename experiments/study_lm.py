@@ -34,10 +34,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
 
+from linear_attention.nn import registry  # noqa: E402
+
 # ``corpus_mixers``: a smaller set for a corpus, where the budget ran out (2 cores, one session).
 FULL = dict(mixers=None, corpora=("kjv", "python_stdlib"),
-            corpus_mixers={"python_stdlib": ("softmax", "linear", "gla", "mamba2",
-                                             "gated_deltanet", "hawk")}, d_model=64, num_layers=2,
+            corpus_mixers={"python_stdlib": registry.select(study="lm_corpus")}, d_model=64, num_layers=2,
             num_heads=2, reference_mlp_ratio=4.0, seq_len=256, batch=16, steps=300, lr=3e-3,
             eval_batches=16)
 SMOKE = dict(mixers=("softmax", "gla"), corpora=("kjv",), d_model=32, num_layers=1,

@@ -49,8 +49,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
 
-MIXERS = ("softmax", "linear", "retnet", "gla", "mamba", "mamba2", "deltanet", "gated_deltanet",
-          "hawk")
+from linear_attention.nn import registry  # noqa: E402
+
+MIXERS = registry.select(study="mqar")
 
 FULL = dict(mixers=MIXERS, widths=(64, 128), lrs=(3e-3, 1e-3),
             settings=((64, 4), (128, 8)), vocab=8192, batch=64, steps=1000, eval_every=100,

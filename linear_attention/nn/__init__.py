@@ -1,7 +1,8 @@
 """Flax NNX sequence-mixer layers: parameters plus one call into ``ops``.
 
 Build any of them by name with :func:`make_mixer`; :data:`MIXERS` lists the
-names, :data:`CAUSAL_MIXERS` those that decode with a cache.
+names, :data:`CAUSAL_MIXERS` those that decode with a cache, :func:`spec` what the
+project knows about one and :func:`select` the names that match a tag.
 """
 
 from linear_attention.nn.attention import (BigBirdAttention, LinformerAttention, LocalAttention,
@@ -13,4 +14,4 @@ from linear_attention.nn.gated import (HGRN2, GatedLinearAttention, Mamba2, Mult
 from linear_attention.nn.linear import LinearAttention
 from linear_attention.nn.recurrent import HawkBlock, Mamba, S4DLayer
 from linear_attention.nn.registry import (CAUSAL_MIXERS, ENCODER_MIXERS, MIXERS, PATTERN_LETTERS,
-                                          make_mixer, mixer_kwargs)
+                                          MixerSpec, make_mixer, mixer_kwargs, select, spec)

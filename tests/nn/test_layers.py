@@ -16,27 +16,12 @@ from tests import helpers
 
 B, T, D, H = 2, 17, 32, 2
 
-# Tiny per-mixer options: small low-rank widths, windows shorter than T, a
-# BigBird block layout that fits T = 17, grouped-query softmax.
-TINY = {
-    "softmax": dict(num_kv_heads=1),
-    "local": dict(window=5),
-    "performer": dict(num_features=16),
-    "rwkv6": dict(mix_low_rank=4, decay_low_rank=8),
-    "mamba2": dict(d_state=8),
-    "mamba": dict(d_state=8),
-    "s4d": dict(d_state=8),
-    "longformer": dict(window=4, num_global=2),
-    "bigbird": dict(block_size=2),
-    "linformer": dict(max_len=T, proj_len=8),
-    "gla": dict(gate_low_rank=4),
-}
 
 
 def build(name, param_dtype=jnp.float32, seed=0):
   dtype = None if param_dtype == jnp.float32 else param_dtype
   return lnn.make_mixer(name, D, H, rngs=nnx.Rngs(seed), param_dtype=param_dtype, dtype=dtype,
-                        **TINY.get(name, {}))
+                        **lnn.spec(name).tiny)
 
 
 def inputs(dtype=jnp.float32, seed=1):
@@ -178,7 +163,7 @@ def test_random_feature_redraw():
 
 @pytest.mark.parametrize("name", lnn.MIXERS)
 def test_layer_arguments_are_checked_by_name(name):
-  kw = TINY.get(name, {})
+  kw = lnn.spec(name).tiny
   for d, h, match in ((0, 2, "d_model must be an int >= 1, got 0"),
                       (16, 0, "num_heads must be an int >= 1, got 0")):
     with pytest.raises(ValueError, match=match):
@@ -205,6 +190,27 @@ def test_registry_errors():
     lnn.make_mixer("local", D, H, rngs=nnx.Rngs(0), windw=4)
   assert "window" in lnn.mixer_kwargs("local")
   assert set(lnn.CAUSAL_MIXERS) | set(lnn.ENCODER_MIXERS) == set(lnn.MIXERS)
+  with pytest.raises(ValueError, match="unknown mixer 'nope'"):
+    lnn.spec("nope")
+  with pytest.raises(ValueError, match="study must be one of .*got 'nope'"):
+    lnn.select(study="nope")
+  with pytest.raises(ValueError, match="family must be one of"):
+    lnn.MixerSpec("x", object, "nope")
+  with pytest.raises(ValueError, match="unknown studies \\['nope'\\]"):
+    lnn.MixerSpec("x", object, "linear", studies=frozenset({"nope"}))
+
+
+def test_registry_selection():
+  """Selections are subsets in registry order; every letter names a distinct mixer."""
+  assert lnn.select() == lnn.MIXERS
+  assert lnn.select(causal=False) == lnn.ENCODER_MIXERS
+  for study in lnn.registry.STUDIES:
+    names = lnn.select(study=study)
+    assert names and list(names) == [m for m in lnn.MIXERS if m in names], study
+  assert all(lnn.spec(m).gating == "data" for m in lnn.select(gating="data"))
+  assert "softmax" not in lnn.select(gating="data") and "gla" in lnn.select(gating="data")
+  assert sorted(lnn.PATTERN_LETTERS.values()) == sorted(
+      m for m in lnn.MIXERS if lnn.spec(m).letter)
 
 
 def test_initialisation_ranges():
