@@ -24,6 +24,7 @@ import jax
 import pytest
 
 from linear_attention.kernels import aot
+from tests.kernels import aot_fixtures
 
 TARGETS = ("h200", "a100")
 DETAIL = True  # shared memory, registers and spills per kernel
@@ -51,10 +52,8 @@ ACCEPTED_SPILLS: dict[tuple[str, str], int] = {
 
 def _missing() -> str | None:
   """Why the GPU compile check cannot run here, or None."""
-  version = tuple(int(x) for x in jax.__version__.split(".")[:2])
-  if version < (0, 11):
-    return (f"deviceless GPU compilation needs jax >= 0.11 with jax-cuda13-plugin (Python "
-            f"3.12; .ci/run's compile stage), got jax {jax.__version__}")
+  if (why := aot_fixtures.old_jax("GPU")):
+    return why
   if importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
     return "jax-cuda13-plugin is not installed (pip install jax-cuda13-plugin==0.11.2)"
   if shutil.which("ptxas") is None:
@@ -65,36 +64,10 @@ def _missing() -> str | None:
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 
-@pytest.fixture(scope="session")
-def compiled(request):
-  """``compiled(target)``: the results of the cases of ``target`` selected in this
-  session, compiled together once (one child process per target)."""
-  wanted: dict[str, set[str]] = {}
-  for item in request.session.items:
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if item.module.__name__ == __name__ and "target" in params:
-      wanted.setdefault(params["target"], set()).add(params["case"])
-  cache: dict[str, dict] = {}
-
-  def get(target: str) -> dict[str, dict]:
-    if target not in cache:
-      cache[target] = aot.run_target(target, sorted(wanted.get(target, ())), timeout=1200,
-                                     detail=DETAIL)
-    return cache[target]
-
-  return get
+compiled = aot_fixtures.compiled_fixture(__name__, DETAIL)
 
 
-def _cases():
-  """(target, case): every case on the first target; on the others the bf16
-  cases at the gpu_check shapes, the ones whose resources differ per target
-  (the odd shape's padding and float32 do not), to keep CI's stage short.
-  ``experiments/compile_report.py`` compiles every case on every target."""
-  return [(t, c) for i, t in enumerate(TARGETS) for c in sorted(aot.CASES)
-          if i == 0 or c.endswith("/bf16/gpu_check")]
-
-
-@pytest.mark.parametrize("target,case", _cases())
+@pytest.mark.parametrize("target,case", aot_fixtures.cases(TARGETS))
 def test_compiles_without_spills(compiled, target, case):
   result = compiled(target)[case]
   assert result["ok"], f"{case} does not compile for {target}: {result['error']}"
