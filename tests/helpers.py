@@ -85,3 +85,18 @@ def grads_of(fn, args, argnums, cotangent_key=0):
     )
 
   return jax.grad(loss, argnums=argnums)(*args)
+
+
+def load_experiment(name: str):
+  """The module ``experiments/<name>.py`` (a script folder, not a package), loaded once."""
+  import importlib.util
+  import pathlib
+  import sys
+  key = f"la_experiment_{name}"
+  if key not in sys.modules:
+    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(key, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod
+    spec.loader.exec_module(mod)
+  return sys.modules[key]

@@ -7,26 +7,18 @@ a misread field shows up as a wrong verdict.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
-import sys
 
 import pytest
+
+from tests import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _load_claims():
-  spec = importlib.util.spec_from_file_location("la_claims", REPO / "experiments" / "claims.py")
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = mod
-  spec.loader.exec_module(mod)
-  return mod
-
-
-claims = _load_claims()
+claims = helpers.load_experiment("claims")
 
 
 def by_claim(rows, text):

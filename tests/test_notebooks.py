@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import importlib.util
 import json
 import os
 import pathlib
@@ -33,6 +32,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tests import helpers
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -44,15 +45,7 @@ NOTEBOOKS = REPO / "notebooks"
 STUDY_TIMEOUT_S = 600  # all studies at once on 2 cores
 
 
-def _load_claims():
-  spec = importlib.util.spec_from_file_location("la_claims", REPO / "experiments" / "claims.py")
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = mod
-  spec.loader.exec_module(mod)
-  return mod
-
-
-claims = _load_claims()
+claims = helpers.load_experiment("claims")
 
 
 @dataclasses.dataclass(frozen=True)
