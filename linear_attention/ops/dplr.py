@@ -1,0 +1,707 @@
+"""The diagonal-plus-low-rank (DPLR) engine, a generalised delta rule, and its variants.
+
+One recurrence over a matrix state ``S`` of shape ``[K, V]`` per batch row and
+head, with a per-channel decay ``D_t = diag(exp(log_decay_t))`` and a rank-one
+correction ``a_t b_t^T``::
+
+    S_t = (D_t + a_t b_t^T) S_{t-1} + k_t v_t^T        o_t = scale * S_t^T q_t
+
+``b_t`` reads the old state (``b_t^T S_{t-1}``, a ``[V]`` row) and ``a_t``
+writes what it read back, so ``S_t = D_t S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T``.
+The delta rule is ``a = -beta k``, ``b = k`` (times the scalar gate for
+Gated DeltaNet, whose gate acts before the correction). Rank ``R``: each
+token runs ``R`` such sub-steps, the decay in the first only and the query
+read after the last (``a, b, k`` ``[B, T, H, R, K]``, ``v`` ``[B, T, H, R, V]``);
+that is DeltaProduct's product of ``R`` Householder-like factors per token.
+
+The variants here are thin maps onto it:
+
+* RWKV-7 (Peng et al. 2025): ``a = -(iclr * kappa_hat)``, ``b = kappa_hat``,
+  ``k = k_tilde``, the decay ``w`` per channel, plus the bonus term.
+* Kimi Delta Attention (Kimi Linear, 2025):
+  ``S_t = (I - beta_t k_t k_t^T) diag(alpha_t) S_{t-1} + beta_t k_t v_t^T``, i.e.
+  ``a = -beta k``, ``b = alpha * k``, write key ``beta k``.
+* Gated DeltaProduct (Siems et al. 2025): ``R`` Householder steps per token
+  after one scalar gate.
+
+Forms (all agree; the tests prove it):
+
+* ``recurrent``: ``lax.scan`` over tokens, the ``R`` sub-steps unrolled inside;
+  the reference, and what :func:`dplr_step` does for one token.
+* ``parallel``: the explicit ``T' x T'`` form over the ``T' = T R`` sub-steps,
+  with dense pairwise per-channel decays ``[T', T', K]`` and the inverse by
+  forward substitution; quadratic, for short inputs.
+* ``chunk`` (default): WY / UT-transform chunks, linear in T.
+
+The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
+the in-chunk inclusive cumulative log decay at sub-step ``i`` (a ``[K]``
+vector) and ``E_i = G_{i-1}`` the exclusive one. With the pseudo-values
+``u_i^T = b_i^T S_{i-1}`` the update is ``S_i = D_i S_{i-1} + a_i u_i^T + k_i v_i^T``;
+unrolling ``S_{i-1}`` gives the lower-triangular system
+
+    (I - L_ba) U = L_bk V + (B e^E) S_0,   L_xy[i, j] = sum_c x_ic y_jc e^{E_ic - G_jc}, j < i,
+
+so with the UT transform ``M = (I - L_ba)^{-1}`` (one per chunk),
+``U = M L_bk V + (M B e^E) S_0`` and
+
+    O   = (Q e^G) S_0 + A_qa U + A_qk V,   A_xy[i, j] = sum_c x_ic y_jc e^{G_ic - G_jc}, j <= i,
+    S_C = e^{G_C} S_0 + (A e^{G_C - G})^T U + (K e^{G_C - G})^T V.
+
+Everything but ``U = U_0 + W S_0`` and the state update is computed for all
+chunks at once; the scan over chunks does two ``[C, K] x [K, V]`` matmuls.
+The in-chunk scores ``A_xy`` are those of the diagonal-decay engine
+(:func:`linear_attention.ops.decay._intra_scores_vector`, sub-chunked so no
+``[C, C, K]`` tensor is formed); ``L_xy`` reuses it with the rows moved one
+step back (``e^{E_i - G_j} = e^{G_{i-1} - G_j}``). Every decay factor is
+``exp`` of a difference of cumulative log decays, later position first, so it
+is ``<= 1``: log decays down to -20 per step (and ``-inf``, floored by
+:func:`~linear_attention.ops.common.floor_log_decay`) underflow to exact zeros
+and never overflow. Segment starts are exact resets, masks as in
+:mod:`linear_attention.ops.delta`.
+
+Stability is the caller's business: with unit ``b``, ``a = -c b`` and
+``0 <= c <= 2`` (elementwise for RWKV-7's ``iclr``), the transition is
+non-expansive, as for the delta rule.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linear_attention.ops import common
+from linear_attention.ops import delta as delta_ops
+from linear_attention.ops.decay import _intra_scores_vector
+
+Array = jax.Array
+
+
+# ------------------------------------------------------------------ the engine
+
+
+def _check_like(name: str, x, expected, what: str) -> None:
+  common.check_float(name, x)
+  common.check_shape(name, x, expected, what)
+
+
+def _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state, segment_ids):
+  """The engine's checks; returns ``(B, T, H, K, V)``."""
+  for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
+    common.check_float(name, x)
+  common.check_rank("q", q, 4)
+  bsz, t, h, dk = q.shape
+  common.check_seq_len(t, "axis 1 of q")
+  if jnp.ndim(a) not in (4, 5):
+    raise ValueError("a must have shape [B, T, H, K] (rank one) or [B, T, H, R, K] (R "
+                     f"sub-steps per token), got {list(jnp.shape(a))}.")
+  lead = (bsz, t, h) + ((a.shape[3],) if jnp.ndim(a) == 5 else ())
+  letters = "[B, T, H, R, *]" if len(lead) == 4 else "[B, T, H, *]"
+  for name, x in (("a", a), ("b", b), ("k", k)):
+    common.check_shape(name, x, lead + (dk,), f"{letters} with B, T, H, K of q and R of a")
+  common.check_shape("v", v, lead + (None,), f"{letters} with B, T, H of q and R of a")
+  common.check_same_dtype(q=q, k=k, v=v)
+  dv = v.shape[-1]
+  common.check_log_decay(log_decay, bsz, t, h, dk)
+  _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv)
+  return bsz, t, h, dk, dv
+
+
+def _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv):
+  common.check_choice("form", form, common.FORMS)
+  common.check_positive_int("chunk_size", chunk_size)
+  common.check_state("initial_state", initial_state, (bsz, h, dk, dv))
+  common.check_segment_ids(segment_ids, bsz, t)
+
+
+def dplr(
+    q: Array,
+    k: Array,
+    v: Array,
+    a: Array,
+    b: Array,
+    log_decay: Array | None = None,
+    *,
+    scale: float | None = None,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+):
+  """The diagonal-plus-low-rank recurrence over a sequence.
+
+  ``S_t = (diag(exp(log_decay_t)) + a_t b_t^T) S_{t-1} + k_t v_t^T``,
+  ``o_t = scale * S_t^T q_t``. With an ``R`` axis, each token runs ``R`` such
+  sub-steps (the decay in the first, the read after the last).
+
+  Args:
+    q: ``[B, T, H, K]`` queries.
+    k: ``[B, T, H, K]`` write keys, or ``[B, T, H, R, K]``.
+    v: ``[B, T, H, V]`` values, or ``[B, T, H, R, V]``.
+    a: ``[B, T, H, K]`` (or ``[B, T, H, R, K]``): the correction's write vector.
+    b: the same shape as ``a``: the correction's read vector (``b^T S_{t-1}``).
+    log_decay: None (no decay), ``[B, T, H]`` (one per head) or ``[B, T, H, K]``
+      (per key channel), values ``<= 0``, ``-inf`` included; the sign is
+      checked only for concrete values (see
+      :func:`~linear_attention.ops.common.check_log_decay`).
+    scale: output scale; ``None`` means ``K ** -0.5``.
+    form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
+    chunk_size: tokens per chunk of the chunk form (``chunk_size * R``
+      sub-steps; any ``T`` works, padded inside).
+    initial_state: optional ``[B, H, K, V]`` state before the first token.
+    return_state: also return the final state.
+    segment_ids: optional ``[B, T]`` ints packing several sequences per row; no
+      state crosses a change of id. ``initial_state`` applies to the first
+      segment of each row; the returned state is that at the end of the row.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with
+    ``state`` ``[B, H, K, V]`` in float32 (float64 for float64 inputs).
+  """
+  _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
+                                 segment_ids)
+  o, state = _run(q, k, v, a, b, log_decay, scale=common.resolve_scale(scale, dk), form=form,
+                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+  o = o.astype(q.dtype)
+  return (o, state) if return_state else o
+
+
+def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, segment_ids):
+  """Checked inputs in (``k, v, a, b`` with or without the ``R`` axis), ``(o, state)`` out;
+  ``o`` in the accumulation dtype."""
+  t, h, dk = q.shape[1:]
+  if k.ndim == 4:  # rank one: R = 1
+    k, v, a, b = (x[:, :, :, None] for x in (k, v, a, b))
+  if log_decay is not None and log_decay.ndim == 3:  # one decay per head, for every channel
+    log_decay = jnp.broadcast_to(log_decay[..., None], log_decay.shape + (dk,))
+  # Only the chunk form depends on chunk_size: keep it out of the others' cache key.
+  chunk_size = min(chunk_size, t) if form == "chunk" else 1
+  return _forward(q, k, v, a, b, log_decay, initial_state, segment_ids, scale, form=form,
+                  chunk_size=chunk_size)
+
+
+@functools.partial(jax.jit, static_argnames=("form", "chunk_size"))
+def _forward(q, k, v, a, b, g, initial_state, segment_ids, scale, *, form, chunk_size):
+  """``q [B,T,H,K]``, ``k, a, b [B,T,H,R,K]``, ``v [B,T,H,R,V]``, ``g [B,T,H,K]`` or None."""
+  acc = common.acc_dtype(q.dtype)
+  # Work in [B, H, T, *]: heads become a batch axis of every matmul.
+  heads = lambda x: jnp.swapaxes(x, 1, 2).astype(acc)
+  qh = heads(q) * jnp.asarray(scale, acc)
+  kh, vh, ah, bh = (heads(x) for x in (k, v, a, b))
+  gh = None if g is None else common.floor_log_decay(heads(g))  # -inf would give inf - inf
+  seg = None if segment_ids is None else common.segment_index(segment_ids)
+  s0 = common.zero_state(qh, vh[:, :, :, 0]) if initial_state is None else initial_state.astype(acc)
+
+  if form == "recurrent":
+    o, state = _recurrent(qh, kh, vh, ah, bh, gh, s0, seg)
+  else:
+    r = kh.shape[3]
+    flat = _flatten(qh, kh, vh, ah, bh, gh, seg)
+    if form == "parallel":
+      o, state = _parallel(*flat, s0)
+    else:
+      o, state = _chunk(*flat, s0, chunk_size * r)
+    o = o[:, :, r - 1::r]  # the read after each token's last sub-step
+  return jnp.swapaxes(o, 1, 2), state
+
+
+def _flatten(qh, kh, vh, ah, bh, gh, seg):
+  """``[B, H, T, R, *]`` sub-steps -> ``[B, H, T R, *]``: the decay on the first
+  sub-step of each token, the query on the last (zero elsewhere)."""
+  bsz, h, t, r = kh.shape[:4]
+  flat = lambda x: x.reshape(x.shape[:2] + (t * r,) + x.shape[4:])
+  before = lambda x, n: jnp.zeros(x.shape[:3] + (n,) + x.shape[3:], x.dtype)
+  qf = flat(jnp.concatenate([before(qh, r - 1), qh[:, :, :, None]], axis=3))
+  gf = None
+  if gh is not None:
+    gf = flat(jnp.concatenate([gh[:, :, :, None], before(gh, r - 1)], axis=3))
+  segf = None if seg is None else jnp.repeat(seg, r, axis=1)
+  return qf, flat(kh), flat(vh), flat(ah), flat(bh), gf, segf
+
+
+def _token(s, k, v, a, b, g):
+  """One token's ``R`` sub-steps on ``[B, H, *]`` arrays: ``k, a, b [B, H, R, K]``,
+  ``v [B, H, R, V]``, ``g [B, H, K]`` or None (the first sub-step's decay)."""
+  for j in range(k.shape[2]):
+    read = jnp.einsum("bhk,bhkv->bhv", b[:, :, j], s)  # b^T S before this sub-step
+    if j == 0 and g is not None:
+      s = jnp.exp(g)[..., None] * s
+    s = s + a[:, :, j, :, None] * read[..., None, :] + k[:, :, j, :, None] * v[:, :, j, None, :]
+  return s
+
+
+def _recurrent(qh, kh, vh, ah, bh, gh, s0, seg):
+  """Token-by-token ``lax.scan``; ``qh [B,H,T,K]``, ``kh, ah, bh [B,H,T,R,K]``."""
+  bsz, _, t = qh.shape[:3]
+  starts = (jnp.zeros((bsz, t), bool) if seg is None else common.segment_starts(seg))
+  move = lambda x: None if x is None else jnp.moveaxis(x, 2, 0)
+  xs = tuple(move(x) for x in (qh, kh, vh, ah, bh, gh)) + (starts.T,)
+
+  def body(s, x):
+    q_t, k_t, v_t, a_t, b_t, g_t, start = x
+    s = jnp.where(start[:, None, None, None], 0.0, s)  # a segment start is an exact reset
+    s = _token(s, k_t, v_t, a_t, b_t, g_t)
+    return s, jnp.einsum("bhk,bhkv->bhv", q_t, s)
+
+  state, o = common.remat_scan(body, s0, xs)
+  return jnp.moveaxis(o, 0, 2), state
+
+
+def _exclusive(gc, axis):
+  """The exclusive cumulative sum from the inclusive one: shifted, zero first."""
+  first = jnp.zeros_like(lax.slice_in_dim(gc, 0, 1, axis=axis))
+  return jnp.concatenate([first, lax.slice_in_dim(gc, 0, gc.shape[axis] - 1, axis=axis)], axis)
+
+
+def _parallel(qh, kh, vh, ah, bh, gh, seg, s0):
+  """The dense ``T x T`` form over flat sub-steps; inputs ``[B, H, T, *]``."""
+  t = qh.shape[2]
+  g = jnp.zeros_like(kh) if gh is None else gh
+  seg4 = None if seg is None else seg[:, None]  # [B, 1, T]
+  incl, strict = delta_ops._pair_masks(seg4, seg4, t)
+  gc = jnp.cumsum(g, axis=2)
+  ge = _exclusive(gc, 2)
+
+  def pair(rows, mask):  # exp(rows_i - G_j) per channel, [B, H, T, T, K]
+    return jnp.exp(jnp.where(mask[..., None], rows[..., :, None, :] - gc[..., None, :, :],
+                             -jnp.inf))
+
+  e_incl, e_strict = pair(gc, incl), pair(ge, strict)
+  scores = lambda x, e, y: jnp.einsum("bhik,bhijk,bhjk->bhij", x, e, y)
+  a_qk, a_qa = scores(qh, e_incl, kh), scores(qh, e_incl, ah)
+  l_bk, l_ba = scores(bh, e_strict, kh), scores(bh, e_strict, ah)
+  inv = delta_ops._unit_lower_inverse_rows(-l_ba)  # (I - L_ba)^{-1}
+  first = 1.0 if seg is None else (seg == 0)[:, None, :, None]  # tokens that see S_0
+  u = inv @ (l_bk @ vh + (bh * jnp.exp(ge) * first) @ s0)
+  o = a_qk @ vh + a_qa @ u + (qh * jnp.exp(gc) * first) @ s0
+
+  to_end = jnp.exp(gc[..., -1:, :] - gc)
+  if seg is not None:
+    to_end = to_end * (seg == seg[:, -1:])[:, None, :, None]
+  carry = 1.0 if seg is None else (seg[:, -1] == 0)[:, None, None, None]
+  state = (jnp.exp(gc[..., -1, :])[..., None] * s0 * carry
+           + jnp.einsum("bhjk,bhjv->bhkv", kh * to_end, vh)
+           + jnp.einsum("bhjk,bhjv->bhkv", ah * to_end, u))
+  return o, state
+
+
+def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c):
+  """WY / UT-transform chunkwise form over flat sub-steps; inputs ``[B, H, T, *]``."""
+  bsz, h, t, dk = qh.shape
+  dv = vh.shape[-1]
+  g = jnp.zeros_like(kh) if gh is None else gh
+  # Padding with zeros (no decay, no correction, no write) leaves the state as is.
+  pad = lambda x: common.pad_axis(x, c, axis=2)
+  n = pad(qh).shape[2] // c
+  split = lambda x: pad(x).reshape(x.shape[:2] + (n, c) + x.shape[3:])
+  qc, kc, vc, ac, bc, gc = (split(x) for x in (qh, kh, vh, ah, bh, g))  # [B, H, N, C, *]
+  gc = jnp.cumsum(gc, axis=3)  # in-chunk inclusive cumulative log decay
+  ge = _exclusive(gc, 3)
+  last = gc[..., -1, :]  # [B, H, N, K]
+
+  if seg is not None:
+    segp = common.pad_segment_ids(seg, c).reshape(bsz, 1, n, c)
+    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
+    sees_state = (segp == prev_end[..., None])[..., None].astype(qc.dtype)  # [B,1,N,C,1]
+    to_end = (segp == segp[..., -1:])[..., None].astype(qc.dtype)
+    carries = (segp[..., -1] == prev_end)[..., None].astype(qc.dtype)  # [B,1,N,1]
+  else:
+    segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
+  incl, strict = delta_ops._pair_masks(segp, segp, c)
+
+  # In-chunk scores, all chunks at once. L_xy[i, j] = A-style score of (b_i, y_j)
+  # with the rows' decay stopped one step earlier: b moved one row back, then down.
+  a_qk = jnp.where(incl, _intra_scores_vector(qc, kc, gc), 0.0)
+  a_qa = jnp.where(incl, _intra_scores_vector(qc, ac, gc), 0.0)
+  b_next = jnp.concatenate([bc[..., 1:, :], jnp.zeros_like(bc[..., :1, :])], axis=3)
+  down = lambda m: jnp.concatenate([jnp.zeros_like(m[..., :1, :]), m[..., :-1, :]], axis=-2)
+  l_bk = jnp.where(strict, down(_intra_scores_vector(b_next, kc, gc)), 0.0)
+  l_ba = jnp.where(strict, down(_intra_scores_vector(b_next, ac, gc)), 0.0)
+  inv = delta_ops._unit_lower_inverse(-l_ba)  # the UT transform (I - L_ba)^{-1}
+  w = inv @ (bc * jnp.exp(ge) * sees_state)  # U = U_0 + W S_0, [B, H, N, C, K]
+  u0 = inv @ (l_bk @ vc)  # [B, H, N, C, V]
+  decay_to_end = jnp.exp(last[..., None, :] - gc) * to_end
+  a_end = ac * decay_to_end
+  kv_local = jnp.einsum("bhnck,bhncv->bhnkv", kc * decay_to_end, vc)
+  chunk_decay = jnp.exp(last) * carries  # [B, H, N, K]
+
+  def body(state, x):
+    w_n, u0_n, a_n, kv_n, d_n = x
+    u = u0_n + w_n @ state
+    new = d_n[..., None] * state + jnp.einsum("bhck,bhcv->bhkv", a_n, u) + kv_n
+    return new, (state, u)
+
+  move = lambda x: jnp.moveaxis(x, 2, 0)
+  state, (entering, u) = lax.scan(
+      body, s0, tuple(move(x) for x in (w, u0, a_end, kv_local, chunk_decay)))
+  entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]: the state before each chunk
+  u = jnp.moveaxis(u, 0, 2)  # [B, H, N, C, V]
+  o = (qc * jnp.exp(gc) * sees_state) @ entering + a_qa @ u + a_qk @ vc
+  return o.reshape(bsz, h, n * c, dv)[:, :, :t], state
+
+
+def dplr_step(
+    q: Array,
+    k: Array,
+    v: Array,
+    a: Array,
+    b: Array,
+    state: Array,
+    log_decay: Array | None = None,
+    *,
+    scale: float | None = None,
+):
+  """One token of :func:`dplr`: decay and correct (``R`` sub-steps), write, read.
+
+  Args:
+    q: ``[B, H, K]``; k, a, b: ``[B, H, K]`` or ``[B, H, R, K]``; v: ``[B, H, V]``
+      or ``[B, H, R, V]``.
+    state: ``[B, H, K, V]`` float32 (or float64).
+    log_decay: None, ``[B, H]`` or ``[B, H, K]``, values ``<= 0`` (checked when
+      concrete only).
+    scale: output scale; ``None`` means ``K ** -0.5``.
+
+  Returns:
+    ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
+    state ``[B, H, K, V]`` in the state's dtype.
+  """
+  for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
+    common.check_float(name, x)
+  common.check_rank("q", q, 3)
+  bsz, h, dk = q.shape
+  if jnp.ndim(a) not in (3, 4):
+    raise ValueError("a must have shape [B, H, K] (rank one) or [B, H, R, K] (R sub-steps), "
+                     f"got {list(jnp.shape(a))}.")
+  lead = (bsz, h) + ((a.shape[2],) if jnp.ndim(a) == 4 else ())
+  for name, x in (("a", a), ("b", b), ("k", k)):
+    common.check_shape(name, x, lead + (dk,), "B, H, K of q and R of a")
+  common.check_shape("v", v, lead + (None,), "B, H of q and R of a")
+  common.check_same_dtype(q=q, k=k, v=v)
+  common.check_step_state("state", state, (bsz, h, dk, v.shape[-1]), "[B, H, K, V]")
+  common.check_log_decay(log_decay, bsz, h, dk)
+  o, new_state = _step_run(q, k, v, a, b, log_decay, state, common.resolve_scale(scale, dk))
+  return o.astype(q.dtype), new_state
+
+
+def _step_run(q, k, v, a, b, log_decay, state, scale):
+  """Checked one-token inputs (with or without the ``R`` axis) in, ``(o, state)`` out."""
+  if k.ndim == 3:
+    k, v, a, b = (x[:, :, None] for x in (k, v, a, b))
+  if log_decay is not None and log_decay.ndim == 2:
+    log_decay = jnp.broadcast_to(log_decay[..., None], log_decay.shape + (q.shape[-1],))
+  return _step_forward(q, k, v, a, b, log_decay, state, scale)
+
+
+@jax.jit
+def _step_forward(q, k, v, a, b, g, state, scale):
+  acc = state.dtype
+  k, v, a, b = (x.astype(acc) for x in (k, v, a, b))
+  g = None if g is None else g.astype(acc)
+  state = _token(state, k, v, a, b, g)
+  o = jnp.einsum("bhk,bhkv->bhv", q.astype(acc) * jnp.asarray(scale, acc), state)
+  return o, state
+
+
+# ------------------------------------------------------------------ RWKV-7
+
+
+def _check_rwkv7(r, k, v, log_w, kappa, a, bonus, lead):
+  """``lead`` is ``(B, T, H)`` or ``(B, H)``; returns ``K``."""
+  dk = r.shape[-1]
+  what = "[B, T, H, K]" if len(lead) == 3 else "[B, H, K]"
+  common.check_log_decay(log_w, *lead, dk, name="log_w", per_head=False)
+  _check_like("kappa", kappa, lead + (dk,), what + ", the shape of r")
+  _check_like("a", a, lead + (dk,), what + ", the shape of r")
+  if bonus is not None:
+    _check_like("bonus", bonus, (lead[-1], dk), "[H, K]")
+  return dk
+
+
+def rwkv7_bonus(r: Array, k: Array, v: Array, bonus: Array) -> Array:
+  """RWKV-7's bonus term ``u_t = (r_t . (bonus * k_t)) v_t`` per head.
+
+  Args:
+    r, k: ``[..., H, K]`` (receptance, replacement key); v: ``[..., H, V]``;
+    bonus: ``[H, K]`` (the paper's ``rho``).
+
+  Returns:
+    ``[..., H, V]`` in the accumulation dtype (float32 for half inputs).
+  """
+  acc = common.acc_dtype(r.dtype)
+  weight = jnp.sum(r.astype(acc) * bonus.astype(acc) * k.astype(acc), axis=-1, keepdims=True)
+  return weight * v.astype(acc)
+
+
+def _rwkv7_ab(kappa, a, acc):
+  """The engine's correction: ``a = -(iclr * kappa_hat)``, ``b = kappa_hat``."""
+  kappa = kappa.astype(acc)
+  return -(a.astype(acc) * kappa), kappa
+
+
+def rwkv7(
+    r: Array,
+    k: Array,
+    v: Array,
+    log_w: Array,
+    kappa: Array,
+    a: Array,
+    bonus: Array | None = None,
+    *,
+    scale: float | None = 1.0,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+):
+  """RWKV-7 "Goose" time mixing (Peng et al. 2025, arXiv:2503.14456) on the DPLR engine.
+
+  In the paper's row-vector form, with the state ``wkv [V, K]``::
+
+      wkv_t = wkv_{t-1} (diag(w_t) - kappa_hat_t^T (a_t * kappa_hat_t)) + v_t^T k_tilde_t
+      o_t   = wkv_t r_t^T + (r_t . (rho * k_tilde_t)) v_t
+
+  Here the state is ``S = wkv^T [K, V]``: ``S_t = (diag(w_t) - (a_t * kappa_hat_t)
+  kappa_hat_t^T) S_{t-1} + k_tilde_t v_t^T``, the engine with
+  ``a = -(a_t * kappa_hat_t)``, ``b = kappa_hat_t``.
+
+  Args:
+    r: ``[B, T, H, K]`` receptance (the query).
+    k: ``[B, T, H, K]`` replacement key ``k_tilde = k * (1 + (a - 1) * alpha)``.
+    v: ``[B, T, H, V]`` values.
+    log_w: ``[B, T, H, K]`` log decay ``log w_t <= 0`` (RWKV-7:
+      ``-exp(-0.5) * sigmoid(d_t)``); checked when concrete only.
+    kappa: ``[B, T, H, K]`` removal key ``kappa_hat``, L2-normalised per head by
+      the caller (``kappa = k * xi``, then normalised).
+    a: ``[B, T, H, K]`` in-context learning rate, in ``[0, 1]`` in RWKV-7
+      (sigmoid; not checked).
+    bonus: None or ``[H, K]``, the paper's ``rho``: adds ``(r . (rho * k)) v``.
+      RWKV-7 adds it after the output norm: pass None here and add
+      :func:`rwkv7_bonus` after the norm.
+    scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
+    form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
+      segment_ids: as in :func:`dplr`.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)`` with state
+    ``[B, H, K, V]`` float32 (``wkv^T``).
+  """
+  bsz, t, h, dk, dv = common.check_qkv(r, k, v, names=("r", "k", "v"))
+  _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, t, h))
+  _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv)
+  ea, eb = _rwkv7_ab(kappa, a, common.acc_dtype(r.dtype))
+  o, state = _run(r, k, v, ea, eb, log_w, scale=common.resolve_scale(scale, dk), form=form,
+                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+  if bonus is not None:
+    o = o + rwkv7_bonus(r, k, v, bonus)
+  o = o.astype(r.dtype)
+  return (o, state) if return_state else o
+
+
+def rwkv7_step(r: Array, k: Array, v: Array, state: Array, log_w: Array, kappa: Array,
+               a: Array, bonus: Array | None = None, *, scale: float | None = 1.0):
+  """One token of :func:`rwkv7`.
+
+  Args:
+    r, k (``k_tilde``), kappa (``kappa_hat``), a: ``[B, H, K]``; v: ``[B, H, V]``;
+    state: ``[B, H, K, V]`` float32 (``wkv^T``); log_w: ``[B, H, K]`` (``<= 0``,
+    checked when concrete); bonus: None or ``[H, K]``; scale: as in :func:`rwkv7`.
+
+  Returns:
+    ``(o [B, H, V] in the dtype of r, new_state [B, H, K, V])``.
+  """
+  bsz, h, dk, dv = common.check_step_qkv(r, k, v, names=("r", "k", "v"))
+  common.check_step_state("state", state, (bsz, h, dk, dv), "[B, H, K, V]")
+  _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, h))
+  ea, eb = _rwkv7_ab(kappa, a, state.dtype)
+  o, state = _step_run(r, k, v, ea, eb, log_w, state, common.resolve_scale(scale, dk))
+  if bonus is not None:
+    o = o + rwkv7_bonus(r, k, v, bonus).astype(o.dtype)
+  return o.astype(r.dtype), state
+
+
+# ------------------------------------------------------------------ Kimi Delta Attention
+
+
+def _kda_map(k, beta, log_alpha, acc):
+  """``(write key beta k, a = -beta k, b = alpha * k)``; the decay acts before the correction."""
+  k, beta = k.astype(acc), beta.astype(acc)[..., None]
+  alpha = jnp.exp(common.floor_log_decay(log_alpha.astype(acc)))
+  return beta * k, -beta * k, alpha * k
+
+
+def kda(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    log_alpha: Array,
+    *,
+    scale: float | None = None,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+    normalize_qk: bool = False,
+):
+  """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear"): the gated delta rule with a
+  per-channel decay.
+
+  ``S_t = (I - beta_t k_t k_t^T) diag(alpha_t) S_{t-1} + beta_t k_t v_t^T``,
+  ``o_t = scale * S_t^T q_t``, ``alpha_t = exp(log_alpha_t)``. On the engine:
+  ``a = -beta k``, ``b = alpha * k``, write key ``beta k``.
+
+  Args:
+    q, k: ``[B, T, H, K]`` (keys L2-normalised by the caller, or ``normalize_qk``).
+    v: ``[B, T, H, V]``.
+    beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
+    log_alpha: ``[B, T, H, K]`` per-channel log decay ``<= 0``, ``-inf``
+      included (checked when concrete).
+    scale, form, chunk_size, initial_state, return_state, segment_ids: as in
+      :func:`dplr`.
+    normalize_qk: L2-normalise ``q`` and ``k`` over ``K`` here.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+  """
+  bsz, t, h, dk, dv = common.check_qkv(q, k, v)
+  delta_ops._check_beta(beta, (bsz, t, h), "[B, T, H]")
+  common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
+  _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv)
+  if normalize_qk:
+    q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
+  wk, ea, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
+  o, state = _run(q, wk, v, ea, eb, log_alpha, scale=common.resolve_scale(scale, dk), form=form,
+                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+  o = o.astype(q.dtype)
+  return (o, state) if return_state else o
+
+
+def kda_step(q: Array, k: Array, v: Array, beta: Array, log_alpha: Array, state: Array, *,
+             scale: float | None = None, normalize_qk: bool = False):
+  """One token of :func:`kda`: ``S = (I - beta k k^T) diag(alpha) S + beta k v^T``.
+
+  Args: q, k ``[B, H, K]``; v ``[B, H, V]``; beta ``[B, H]`` in ``[0, 2]``;
+  log_alpha ``[B, H, K]`` ``<= 0``; state ``[B, H, K, V]`` float32.
+
+  Returns: ``(o [B, H, V] in the dtype of q, new_state [B, H, K, V])``.
+  """
+  bsz, h, dk, dv = common.check_step_qkv(q, k, v)
+  delta_ops._check_beta(beta, (bsz, h), "[B, H]")
+  common.check_log_decay(log_alpha, bsz, h, dk, name="log_alpha", per_head=False)
+  common.check_step_state("state", state, (bsz, h, dk, dv), "[B, H, K, V]")
+  if normalize_qk:
+    q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
+  wk, ea, eb = _kda_map(k, beta, log_alpha, state.dtype)
+  o, state = _step_run(q, wk, v, ea, eb, log_alpha, state, common.resolve_scale(scale, dk))
+  return o.astype(q.dtype), state
+
+
+# ------------------------------------------------------------------ Gated DeltaProduct
+
+
+def _check_deltaproduct(q, k, v, beta, log_decay, lead):
+  """``lead`` is ``(B, T, H)`` or ``(B, H)`` (from ``q``); returns ``(R, V)``."""
+  dk = q.shape[-1]
+  rank = len(lead) + 2
+  common.check_float("k", k)
+  common.check_float("v", v)
+  if jnp.ndim(k) != rank:
+    letters = "[B, T, H, R, K]" if len(lead) == 3 else "[B, H, R, K]"
+    raise ValueError(f"k must have shape {letters} (R Householder steps per token), got "
+                     f"{list(jnp.shape(k))}.")
+  r = k.shape[-2]
+  common.check_shape("k", k, lead + (r, dk), "B, T, H, K of q and R steps")
+  common.check_shape("v", v, lead + (r, None), "B, T, H of q and the R of k")
+  common.check_same_dtype(q=q, k=k, v=v)
+  delta_ops._check_beta(beta, lead + (r,), "[B, T, H, R]" if len(lead) == 3 else "[B, H, R]")
+  common.check_log_decay(log_decay, *lead, dk, per_channel=False)
+  return r, v.shape[-1]
+
+
+def _deltaproduct_map(k, beta, log_decay, acc):
+  """``(write keys beta k, a = -beta k, b = k)``, the first step's ``b`` times the gate."""
+  k, beta = k.astype(acc), beta.astype(acc)[..., None]
+  b = k
+  if log_decay is not None:  # the gate acts before the first correction: b_0 = gate * k_0
+    gate = jnp.exp(common.floor_log_decay(log_decay.astype(acc)))[..., None, None]
+    b = jnp.concatenate([gate * k[..., :1, :], k[..., 1:, :]], axis=-2)
+  return beta * k, -beta * k, b
+
+
+def gated_deltaproduct(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    log_decay: Array | None = None,
+    *,
+    scale: float | None = None,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+    normalize_qk: bool = False,
+):
+  """Gated DeltaProduct (Siems et al. 2025, "DeltaProduct"): ``R`` delta-rule
+  (Householder-like) steps per token after one scalar gate.
+
+  ``S <- exp(log_decay_t) S``, then for ``j = 1..R``:
+  ``S <- (I - beta_tj k_tj k_tj^T) S + beta_tj k_tj v_tj^T``; ``o_t = scale * S_t^T q_t``.
+  Without ``log_decay`` it is DeltaProduct; with ``R = 1``, Gated DeltaNet.
+
+  Args:
+    q: ``[B, T, H, K]``.
+    k: ``[B, T, H, R, K]`` keys per step (L2-normalised by the caller, or
+      ``normalize_qk``).
+    v: ``[B, T, H, R, V]``.
+    beta: ``[B, T, H, R]`` in ``[0, 2]`` (checked when concrete).
+    log_decay: None or ``[B, T, H]`` (one gate per head and token), ``<= 0``.
+    scale, form, chunk_size (tokens; ``R`` sub-steps each), initial_state,
+      return_state, segment_ids: as in :func:`dplr`.
+    normalize_qk: L2-normalise ``q`` and every ``k`` over ``K`` here.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+  """
+  common.check_float("q", q)
+  common.check_rank("q", q, 4)
+  bsz, t, h, dk = q.shape
+  common.check_seq_len(t, "axis 1 of q")
+  _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
+  _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv)
+  if normalize_qk:
+    q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
+  wk, ea, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))
+  o, state = _run(q, wk, v, ea, eb, log_decay, scale=common.resolve_scale(scale, dk), form=form,
+                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+  o = o.astype(q.dtype)
+  return (o, state) if return_state else o
+
+
+def gated_deltaproduct_step(q: Array, k: Array, v: Array, beta: Array, log_decay: Array | None,
+                            state: Array, *, scale: float | None = None,
+                            normalize_qk: bool = False):
+  """One token of :func:`gated_deltaproduct`.
+
+  Args: q ``[B, H, K]``; k ``[B, H, R, K]``; v ``[B, H, R, V]``; beta
+  ``[B, H, R]`` in ``[0, 2]``; log_decay None or ``[B, H]`` ``<= 0``; state
+  ``[B, H, K, V]`` float32.
+
+  Returns: ``(o [B, H, V] in the dtype of q, new_state [B, H, K, V])``.
+  """
+  common.check_float("q", q)
+  common.check_rank("q", q, 3)
+  bsz, h, dk = q.shape
+  _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, h))
+  common.check_step_state("state", state, (bsz, h, dk, dv), "[B, H, K, V]")
+  if normalize_qk:
+    q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
+  wk, ea, eb = _deltaproduct_map(k, beta, log_decay, state.dtype)
+  o, state = _step_run(q, wk, v, ea, eb, log_decay, state, common.resolve_scale(scale, dk))
+  return o.astype(q.dtype), state
