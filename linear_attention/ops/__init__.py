@@ -29,6 +29,17 @@ from linear_attention.ops.delta import (
     gated_deltanet,
     gated_deltanet_step,
 )
+from linear_attention.ops.dplr import (
+    dplr,
+    dplr_step,
+    gated_deltaproduct,
+    gated_deltaproduct_step,
+    kda,
+    kda_step,
+    rwkv7,
+    rwkv7_bonus,
+    rwkv7_step,
+)
 from linear_attention.ops.gated import (
     gla,
     gla_step,
