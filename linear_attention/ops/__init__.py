@@ -54,6 +54,7 @@ from linear_attention.ops.gated import (
     ssd_step,
 )
 from linear_attention.ops.rglru import rg_lru, rg_lru_step
+from linear_attention.ops.mlstm import init_mlstm_state, mlstm, mlstm_step
 from linear_attention.ops.scan import SCAN_FORMS, linear_scan
 from linear_attention.ops.sequence_parallel import (
     sequence_parallel_decay_attention,

@@ -680,9 +680,65 @@ LINFORMER = OpSpec(
     reference=ref_linformer, segments=False, packs=False, rtol=1e-4, atol=1e-5)
 
 
+# ----------------------------------------------------------------- mLSTM (xLSTM)
+
+
+def ref_mlstm(arrays, s0, seg, *, forget_gate="sigmoid"):
+  """The stabilised mLSTM of Beck et al. (2024), token by token: C, n and the max state m."""
+  q, k, v, ig, fg = (a.astype(F32) for a in arrays)
+  b, t, h, dk = q.shape
+  dv = v.shape[-1]
+  scale = dk ** -0.5
+  log_f = jax.nn.log_sigmoid(fg) if forget_gate == "sigmoid" else fg
+  if s0 is None:
+    s0 = (jnp.zeros((b, h, dk, dv)), jnp.zeros((b, h, dk)), jnp.zeros((b, h)))
+  starts = segment_starts(seg, b, t)
+
+  def body(s, x):
+    start, q_t, k_t, v_t, i_t, f_t = x
+    c, n, m = (jnp.where(start.reshape((-1,) + (1,) * (y.ndim - 1)), 0.0, y) for y in s)
+    m_new = jnp.maximum(f_t + m, i_t)
+    fw, iw = jnp.exp(f_t + m - m_new), jnp.exp(i_t - m_new)
+    c = fw[..., None, None] * c + iw[..., None, None] * outer(k_t, v_t)
+    n = fw[..., None] * n + iw[..., None] * k_t
+    num = read(scale * q_t, c)
+    den = jnp.einsum("bhk,bhk->bh", scale * q_t, n, precision="highest")
+    return (c, n, m_new), num / jnp.maximum(jnp.abs(den), jnp.exp(-m_new))[..., None]
+
+  xs = [starts.T] + [jnp.moveaxis(a, 1, 0) for a in (q, k, v, ig, log_f)]
+  s, o = lax.scan(body, tuple(x.astype(F32) for x in s0), xs)
+  return jnp.moveaxis(o, 0, 1), s
+
+
+def _make_mlstm(rng, t, dtype, forget_gate="sigmoid"):
+  # Input-gate pre-activations spread over +-6, so the stabiliser moves.
+  f_gate = (normal(rng, (B, t, H), scale=0.5) + (2.0 if forget_gate == "sigmoid" else -0.1))
+  return _make_qkv(rng, t, dtype) + (normal(rng, (B, t, H), dtype, scale=3.0),
+                                     f_gate.astype(dtype))
+
+
+MLSTM = OpSpec(
+    name="mlstm", names=("q", "k", "v", "i_gate", "f_gate"),
+    make=_make_mlstm, timed=(True,) * 5,
+    run=lambda a, form, s0, seg: ops.mlstm(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_mlstm, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: (normal(rng, (B, H, K, V)), normal(rng, (B, H, K)),
+                               normal(rng, (B, H))),
+    step=lambda a, s: ops.mlstm_step(*a, s))
+
+MLSTM_EXP = dataclasses.replace(
+    MLSTM, name="mlstm_exp",
+    make=lambda rng, t, dtype: _make_mlstm(rng, t, dtype, forget_gate="exp"),
+    run=lambda a, form, s0, seg: ops.mlstm(*a, forget_gate="exp", chunk_size=CHUNK,
+                                           **_kw(form, s0, seg)),
+    reference=lambda a, s0, seg: ref_mlstm(a, s0, seg, forget_gate="exp"),
+    step=lambda a, s: ops.mlstm_step(*a, s, forget_gate="exp"))
+
+
 SPECS = (DECAY, LINEAR, GLA, RETENTION, HGRN2, RWKV6, SSD, GATED_DELTANET,
          DELTANET, LINEAR_SCAN, RG_LRU, SELECTIVE_SCAN, S4D, CONV, SOFTMAX, SLIDING_WINDOW,
-         LONGFORMER, BIGBIRD, LINFORMER)
+         LONGFORMER, BIGBIRD, LINFORMER,
+         MLSTM, MLSTM_EXP)
 STATEFUL = tuple(s for s in SPECS if s.make_state is not None)
 WITH_STEP = tuple(s for s in SPECS if s.step is not None)
 WITH_LOG_GATE = tuple(s for s in SPECS if s.log_gate is not None)

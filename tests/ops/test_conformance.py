@@ -246,14 +246,16 @@ def _step_cases(spec):
   x = spec.at(arrays, 0)
   state = s0 if s0 is not None else spec.step_state(arrays)
   step = lambda a=x, s=state: spec.step(a, s)
+  each = lambda f: jax.tree_util.tree_map(f, state)  # a state may be a tuple of arrays
   name = spec.names[0]
   cases = [("step: integer input", lambda: step((x[0].astype(jnp.int32),) + x[1:]),
             rf"\b{name}\b")]
   if spec.step_state_checked:
     cases += [
-        ("step: integer state", lambda: step(s=state.astype(jnp.int32)), r"\bstate\b"),
-        ("step: float16 state", lambda: step(s=state.astype(jnp.float16)), r"\bstate\b"),
-        ("step: state shape", lambda: step(s=state[..., :1]), r"\bstate\b"),
+        ("step: integer state", lambda: step(s=each(lambda x: x.astype(jnp.int32))), r"\bstate\b"),
+        ("step: float16 state", lambda: step(s=each(lambda x: x.astype(jnp.float16))),
+         r"\bstate\b"),
+        ("step: state shape", lambda: step(s=each(lambda x: x[..., :1])), r"\bstate\b"),
     ]
   if spec.log_gate is not None:
     i = spec.log_gate
