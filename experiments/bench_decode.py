@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import time
 
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import models
+from linear_attention.io import write_json
 from linear_attention.nn import registry
 
 DEFAULT_MIXERS = registry.select(study="bench_decode")
@@ -96,12 +96,10 @@ def main(argv=None):
       rows.append(row)
       print(f"{mixer:>15} pos {p:>6}: {row['ms_per_token']:8.3f} ms/token  "
             f"cache {row['cache_mib']:9.2f} MiB", flush=True)
-  os.makedirs(args.out, exist_ok=True)
   meta = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
           "jax": jax.__version__, "config": vars(args)}
   path = os.path.join(args.out, "bench_decode.json")
-  with open(path, "w") as f:
-    json.dump({"meta": meta, "results": rows}, f, indent=1)
+  write_json(path, {"meta": meta, "results": rows})
   positions = sorted({r["position"] for r in rows})
   print("\nms per token (median) | " + " | ".join(f"pos {p}" for p in positions))
   for mixer in dict.fromkeys(r["mixer"] for r in rows):

@@ -12,7 +12,6 @@ compilation. Writes JSON under ``--results`` and prints a table with ratios vs s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -22,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from linear_attention import models
+from linear_attention.io import write_json
 from linear_attention.nn import registry
 from linear_attention.train import optim, trainer
 
@@ -84,12 +84,10 @@ def main():
   for r in rows:
     ratio = f"{r['ratio_vs_softmax']:.2f}x" if r["ratio_vs_softmax"] else "-"
     print(f"{r['mixer']:>8} {r['seq_len']:>6} {r['tokens_per_s']:>12,.0f} {ratio:>10}")
-  os.makedirs(a.results, exist_ok=True)
   out = os.path.join(a.results, f"bench_train_{jax.default_backend()}.json")
-  with open(out, "w") as f:
-    json.dump({"args": vars(a), "backend": jax.default_backend(),
-               "device": str(jax.devices()[0]), "jax": jax.__version__,
-               "host": platform.node(), "rows": rows}, f, indent=2)
+  write_json(out, {"args": vars(a), "backend": jax.default_backend(),
+                   "device": str(jax.devices()[0]), "jax": jax.__version__,
+                   "host": platform.node(), "rows": rows})
   print(f"wrote {out}")
 
 

@@ -123,6 +123,7 @@ import os
 import sys
 import textwrap
 
+from linear_attention.io import write_json
 from linear_attention.nn import registry
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -884,10 +885,7 @@ def main(argv=None) -> int:
              timespec="seconds"),
          "rules": "see the docstring of experiments/claims.py",
          "results": sources(a.results), "claims": rows}
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out, "w") as f:
-    json.dump(doc, f, indent=1)
-    f.write("\n")
+  write_json(out, doc)
   print(f"wrote {out}")
   return 0
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from linear_attention.kernels import aot  # noqa: E402
+from linear_attention.io import write_json  # noqa: E402
 
 
 def _short(error: str | None) -> str:
@@ -85,9 +85,7 @@ def main(argv=None) -> int:
     failed += sum(not r["ok"] for r in results.values())
     print(table(target, results), flush=True)
     print(f"({time.perf_counter() - t0:.0f}s)\n", flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(report, f, indent=1)
+  write_json(args.out, report)
   print(f"wrote {args.out}; {failed} case(s) failed")
   return 1 if failed else 0
 

@@ -13,7 +13,6 @@ the final state) and its jitted forward time. Results also go to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -21,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention import ops
+from linear_attention.io import write_json
 
 
 def _timed(fn, *args):
@@ -88,9 +88,7 @@ def main(argv=None):
       ref = out if ref is None else ref
       rows.append({"op": name, "form": form, "max_rel_diff": diff, "fwd_ms": 1e3 * secs})
       print(f"{name:32s} {form:12s} {diff:20.2e} {1e3 * secs:9.2f}")
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "demo.json"), "w") as f:
-    json.dump(rows, f, indent=1)
+  write_json(os.path.join(a.out, "demo.json"), rows)
   worst = max(r["max_rel_diff"] for r in rows)
   print(f"\nall forms agree to {worst:.1e} (float32); wrote {a.out}/demo.json")
 

@@ -50,6 +50,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from linear_attention import ops  # noqa: E402
+from linear_attention.io import write_json  # noqa: E402
 from linear_attention.kernels import chunk_decay as cd  # noqa: E402
 from linear_attention.kernels import dispatch  # noqa: E402
 from linear_attention.kernels import scan as scan_kernel  # noqa: E402
@@ -290,9 +291,7 @@ def main(argv=None) -> int:
     failed |= any(isinstance(c, dict) and c.get("ok") is False for c in checks.values())
   result["total_seconds"] = time.perf_counter() - start
   result["verified_default"] = verified_default(result, args.smoke)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
+  write_json(args.out, result)
   print(f"wrote {args.out} in {result['total_seconds']:.0f}s; {'FAILED' if failed else 'ok'}")
   print(result["verified_default"])
   return 1 if failed else 0

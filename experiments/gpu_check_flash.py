@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from linear_attention.kernels import dispatch  # pylint: disable=g-import-not-at-top
 from linear_attention.kernels import flash_attention as fa  # pylint: disable=g-import-not-at-top
+from linear_attention.io import write_json  # pylint: disable=g-import-not-at-top
 from linear_attention.ops import softmax_attention  # pylint: disable=g-import-not-at-top
 
 
@@ -123,9 +124,7 @@ def main():
   parser.add_argument("--out", default="results/gpu_check_flash.json")
   args = parser.parse_args()
   result = flash_section(args)
-  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=2)
+  write_json(args.out, result)
   print(json.dumps(result, indent=2))
 
 

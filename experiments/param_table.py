@@ -11,10 +11,10 @@ the matched model's gap to the reference.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from linear_attention import models
+from linear_attention.io import write_json
 
 
 def main(argv=None):
@@ -26,10 +26,8 @@ def main(argv=None):
   p.add_argument("--out", default="results")
   a = p.parse_args(argv)
   rows = models.parity_table(a.vocab, a.d_model, a.layers, num_heads=a.heads)
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "param_table.json"), "w") as f:
-    json.dump(dict(d_model=a.d_model, layers=a.layers, heads=a.heads, vocab=a.vocab, rows=rows),
-              f, indent=1)
+  write_json(os.path.join(a.out, "param_table.json"),
+             dict(d_model=a.d_model, layers=a.layers, heads=a.heads, vocab=a.vocab, rows=rows))
   print(f"d_model {a.d_model}, {a.layers} layers, {a.heads} heads, vocab {a.vocab}; "
         f"reference: softmax with the default MLP")
   print(f"| mixer | mixer params/layer | model, default MLP | matched MLP hidden | "

@@ -25,6 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from linear_attention import ops  # noqa: E402
+from linear_attention.io import write_json  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_check import timeit  # noqa: E402  (one timer for the experiments)
@@ -59,9 +60,7 @@ def main(argv=None) -> int:
     row["fastest_fwd_bwd"] = min(IMPLS, key=lambda n: row[n]["fwd_bwd"])
     out["ms"][str(t)] = row
     print(t, json.dumps(row), flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(out, f, indent=1)
+  write_json(args.out, out)
   print(f"wrote {args.out}")
   return 0
 

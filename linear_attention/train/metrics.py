@@ -14,6 +14,9 @@ import sys
 import time
 from typing import Any, Mapping
 
+# The one results writer (atomic, NaN -> null); the trainer and the sweep call it from here.
+from linear_attention.io import write_json  # noqa: F401
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -24,15 +27,6 @@ def _clean(v: Any) -> Any:
   if isinstance(v, float) and not math.isfinite(v):
     return str(v)
   return v
-
-
-def write_json(path: str, obj: Any) -> None:
-  """Writes ``obj`` as JSON to ``path`` atomically (a temporary file, then a rename), so a
-  reader never sees half a file."""
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=str)
-  os.replace(tmp, path)
 
 
 def read_metrics(workdir: str, split: str | None = None) -> list[dict]:
