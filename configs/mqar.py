@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from configs import common
 from linear_attention.nn import registry
-from linear_attention.train import sweep_utils
+from linear_attention import sweep
 
 SIZES = {
     "smoke": dict(d_model=64, num_layers=2, num_heads=2, seq_len=64, batch_size=16,
@@ -45,5 +45,5 @@ def get_config(arg: str | None = None):
 def get_sweep(arg: str | None = None) -> list[dict]:
   """Mixers x learning rates (override dicts for ``linear_attention.sweep``)."""
   del arg
-  return sweep_utils.product({"model.mixer": list(registry.select(study="mqar"))},
-                             {"optim.lr": [1e-3, 3e-3]})
+  return sweep.product({"model.mixer": list(registry.select(study="mqar"))},
+                       {"optim.lr": [1e-3, 3e-3]})

@@ -1,6 +1,7 @@
 """Helpers shared by the study scripts: run metadata, result files, slope fits.
 
-Every study writes ``<out>/<name>.json`` (config, environment, results) and,
+Every study writes ``<out>/<name>.json`` (config, environment, results; through
+``linear_attention.io.write_json``: atomic, NaN/inf -> null) and,
 where the results are a flat table, ``<out>/<name>.csv``. The notebooks in
 ``notebooks/`` read only these files.
 """
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import datetime
-import json
 import math
 import os
 import platform
 import subprocess
 import sys
+
+# The one results writer (atomic, NaN/inf -> null), re-exported for the study scripts.
+from linear_attention.io import write_json  # noqa: F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
@@ -56,14 +59,6 @@ def environment(shared_machine: bool | None = None) -> dict:
   return env
 
 
-def write_json(path: str, obj: dict) -> None:
-  """Writes ``obj`` as indented JSON, creating the folder; NaN/inf become null."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(_finite(obj), f, indent=1)
-    f.write("\n")
-
-
 def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
   """Writes ``rows`` (dicts) with the given ``columns``; missing values are empty."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -72,17 +67,6 @@ def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
     w.writeheader()
     for r in rows:
       w.writerow({c: r.get(c, "") for c in columns})
-
-
-def _finite(obj):
-  """JSON has no NaN: map non-finite floats to None, recursively."""
-  if isinstance(obj, float):
-    return obj if math.isfinite(obj) else None
-  if isinstance(obj, dict):
-    return {k: _finite(v) for k, v in obj.items()}
-  if isinstance(obj, (list, tuple)):
-    return [_finite(v) for v in obj]
-  return obj
 
 
 def loglog_slope(xs, ys) -> float | None:
@@ -103,34 +87,12 @@ def loglog_slope(xs, ys) -> float | None:
 # ----------------------------------------------------------------------------- training grids
 
 
-def collect_grid(runs_dir: str, points: list[dict]) -> list[dict]:
-  """The rows :func:`train_grid` would return, read from ``runs_dir`` without training.
-
-  A point whose run finished is ``done`` (with its metrics); any other is ``not run``, so
-  that a study stopped part-way can still write what it has.
-  """
-  from linear_attention import sweep
-
-  rows = []
-  for i, p in enumerate(points):
-    name = sweep.point_name(i, p)
-    try:
-      with open(os.path.join(runs_dir, name, sweep.STATUS_FILE)) as f:
-        rec = json.load(f)
-    except (OSError, json.JSONDecodeError):
-      rec = None
-    if rec and rec.get("status") == "done":
-      rows.append({"point": name, **rec, "skipped": True})
-    else:
-      rows.append({"point": name, "status": "not run", "overrides": p, "metrics": None})
-  return rows
-
-
 def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int = 1,
                extra_flags: tuple[str, ...] = (), collect_only: bool = False) -> list[dict]:
   """Trains every point (a ``--config`` override dict) as its own process; see ``sweep``.
 
-  Finished points are skipped on a rerun (their ``sweep_status.json`` says done), so an
+  Running and collecting are :mod:`linear_attention.sweep`'s: finished points are skipped on
+  a rerun (found by their overrides, so a grid that grew retrains nothing), and an
   interrupted study resumes. With ``workers`` >= the core count, each process runs XLA on one
   thread: small models scale poorly across threads, so independent runs use the cores better.
 
@@ -140,7 +102,8 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
     runs_dir: one sub-directory per point (checkpoints, logs); not a results folder.
     workers: concurrent training processes.
     extra_flags: ``--config.*`` flags given to every point.
-    collect_only: train nothing; report the finished points (see :func:`collect_grid`).
+    collect_only: train nothing; report the points as they stand (``sweep.collect``: done,
+      failed, or ``not run``), so that a study stopped part-way can still write what it has.
 
   Returns:
     One row per point: ``point, status, overrides, metrics`` (``final_metrics.json``),
@@ -153,7 +116,7 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
   if workers >= (os.cpu_count() or 1) and "xla_cpu_multi_thread_eigen" not in flags:
     os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
   if collect_only:
-    rows = collect_grid(runs_dir, points)
+    rows = sweep.collect(runs_dir, points)
   else:
     rows = sweep.run_sweep(config_arg, runs_dir, workers, extra_flags, points=points)
   for r in rows:

@@ -1,22 +1,41 @@
-"""Sweeps: run every point of a config's ``get_sweep()`` as its own training process.
+"""Sweeps: every point of a config's ``get_sweep()`` trained as its own process.
 
-``python -m linear_attention.sweep --config=configs/mqar.py:size=smoke --workdir=runs/mqar-sweep
---workers=2 [--config.train.steps=100 ...]``
+Locally, every point, ``--workers`` at a time::
+
+  python -m linear_attention.sweep --config=configs/mqar.py:size=smoke --workdir=runs/mqar-sweep \
+      --workers=2 [--config.train.steps=100 ...]
+
+On a cluster, one point per job (a SLURM array task, say), then the summary::
+
+  python -m linear_attention.sweep --config=... --workdir=... --list        # index, status, overrides
+  python -m linear_attention.sweep --config=... --workdir=... --point=3     # point 3 only
+  python -m linear_attention.sweep --config=... --workdir=...               # in an array task:
+                                                       # the point $SLURM_ARRAY_TASK_ID
+  python -m linear_attention.sweep --config=... --workdir=... --collect     # summary of what finished
 
 ``get_sweep(arg)`` (or ``get_sweep()``) in the config file returns a list of override dicts,
 ``{"model.mixer": "gla", "optim.lr": 1e-3}`` (keys are config paths; a leading ``config.`` is
-allowed). Each point runs ``python -m linear_attention.main`` with the same ``--config`` and
-its overrides (after the sweep's own ``--config.*`` flags) in ``<workdir>/<index>-<name>``,
+allowed); :func:`product` and :func:`zip_` build such lists. Each point runs
+``python -m linear_attention.main`` with the same ``--config`` and its overrides (after the
+sweep's own ``--config.*`` flags and trainer flags such as ``--distributed``) in its directory,
 with its output in that directory's ``log.txt``. A finished point leaves ``sweep_status.json``
 with status ``done`` and is skipped when the sweep is rerun; a crashed one is recorded as
 ``failed`` with the end of its error output (and retried on the next rerun, resuming from its
 checkpoints). ``summary.csv`` and ``summary.json`` in the workdir list every point's status,
 exit code (see ``linear_attention.main``), overrides and final metrics.
 
+A point's directory is ``NNN-<overrides>`` (its index, then short ``key=value`` pairs). The
+overrides, not the index, say which run is whose: when the point list changes (a mixer list
+that grew shifts the indices), a directory of another index whose ``sweep_status.json``
+records the same overrides is reused, a finished one first, so no finished point is trained
+again and an unfinished one resumes from its checkpoints. A directory without a status file
+(a run killed before it recorded one) is matched by its ``<overrides>`` name part instead.
+
 Stopping the sweep (SIGTERM or SIGINT) stops its trainers too: each gets SIGTERM, saves a
 checkpoint and exits 3 (SIGKILL after ``STOP_GRACE_S``); points not started are left for the
 next rerun, and the summary records them as ``stopped``. Exit status: 0 every point done,
-1 some point failed, 2 bad sweep arguments, 3 stopped by a signal.
+1 some point failed, 2 bad sweep arguments, 3 stopped by a signal; with ``--point``, the
+trainer's own exit status (0 also when the point had finished before).
 """
 
 from __future__ import annotations
@@ -24,8 +43,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import csv
+import hashlib
 import importlib.util
 import inspect
+import itertools
 import json
 import os
 import re
@@ -34,16 +55,89 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from linear_attention.train import metrics as metrics_lib
 
 STATUS_FILE = "sweep_status.json"
 STOP_GRACE_S = 60.0  # a stopped trainer's time to save its checkpoint before SIGKILL
+ARRAY_ENV = "SLURM_ARRAY_TASK_ID"  # the default source of --point in an array job
+# Flags of ``linear_attention.main`` besides --config.*, passed on to every point's trainer.
+TRAINER_FLAGS = ("--distributed", "--coordinator_address", "--num_processes", "--process_id")
 # The trainer's exit codes (``train.errors.EXIT_CODES``), for the summary.
 EXIT_MEANINGS = {0: "done", 1: "runtime failure", 2: "bad config or workdir", 3: "preempted",
                  4: "non-finite loss", 130: "interrupted", -9: "killed (SIGKILL)",
                  -15: "terminated (SIGTERM)"}
+
+
+# ----------------------------------------------------------------------------- building points
+
+
+def product(*axes: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]], **kw) -> list[dict]:
+  """The Cartesian product of override lists; the last axis varies fastest.
+
+  ``product({"model.mixer": ["gla", "softmax"]}, {"optim.lr": [1e-3, 3e-3]})`` gives four
+  points. Each positional axis is a list of override dicts or a one-key dict
+  ``{key: [values]}``; keyword axes name the key with ``__`` for ``.``
+  (``product(model__mixer=["gla", "softmax"])``).
+
+  Returns:
+    A list of merged override dicts.
+
+  Raises:
+    ValueError: a malformed axis, or one key set to two values in one point.
+  """
+  return [_merged(combo) for combo in itertools.product(*_axes(axes, kw))]
+
+
+def zip_(*axes: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]], **kw) -> list[dict]:
+  """Element-wise merge of override lists of equal length (axes as in :func:`product`).
+
+  ``zip_({"model.mixer": ["gla", "softmax"]}, {"optim.lr": [1e-3, 3e-4]})`` gives two points.
+
+  Raises:
+    ValueError: the lists differ in length, or a malformed axis.
+  """
+  lists = _axes(axes, kw)
+  lengths = [len(x) for x in lists]
+  if len(set(lengths)) > 1:
+    raise ValueError(f"zip_ needs lists of equal length, got lengths {lengths}.")
+  return [_merged(combo) for combo in zip(*lists)]
+
+
+def _axes(axes, kw) -> list[list[dict]]:
+  return ([_normalise(a) for a in axes]
+          + [[{k.replace("__", "."): v} for v in vals] for k, vals in kw.items()])
+
+
+def _normalise(axis) -> list[dict]:
+  """A list of override dicts from a list of dicts or a one-key ``{key: [values]}``."""
+  if isinstance(axis, Mapping):
+    if len(axis) != 1:
+      raise ValueError(f"a dict axis must have exactly one key mapping to a list of values, "
+                       f"got keys {list(axis)}; use zip_ or a list of dicts for several keys.")
+    (k, v), = axis.items()
+    if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
+      raise ValueError(f"the values of sweep key {k!r} must be a list, got {v!r}.")
+    return [{k: x} for x in v]
+  axis = list(axis)
+  for d in axis:
+    if not isinstance(d, Mapping):
+      raise ValueError(f"a sweep axis must be a list of dicts, got an element {d!r}.")
+  return [dict(d) for d in axis]
+
+
+def _merged(dicts: Iterable[Mapping[str, Any]]) -> dict:
+  out: dict = {}
+  for d in dicts:
+    for k, v in d.items():
+      if k in out and out[k] != v:
+        raise ValueError(f"sweep key {k!r} is set twice in one point ({out[k]!r} and {v!r}).")
+      out[k] = v
+  return out
+
+
+# ----------------------------------------------------------------------------- running points
 
 
 class SweepStoppedError(RuntimeError):
@@ -131,10 +225,79 @@ def flag_value(v: Any) -> str:
 
 
 def point_name(index: int, overrides: Mapping[str, Any]) -> str:
-  """``"003-mixer=gla,lr=0.001"``: the index plus short key=value pairs, filesystem-safe."""
+  """``"003-mixer=gla,lr=0.001"``: the index plus short key=value pairs, filesystem-safe.
+
+  The pairs are cut at 80 characters, so two points may share the ``<overrides>`` part;
+  :func:`point_dirs` tells them apart by the overrides their status files record.
+  """
   parts = [f"{k.split('.')[-1]}={flag_value(v)}" for k, v in overrides.items()]
   name = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", ",".join(parts))[:80]
   return f"{index:03d}-{name}" if name else f"{index:03d}"
+
+
+_DIR_NAME = re.compile(r"(\d{3,})(?:-(.*))?")  # NNN[-<overrides>]
+
+
+def _same_overrides(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+  """Equal as the trainer sees them (a JSON round trip turns tuples into lists)."""
+  return ({k: flag_value(v) for k, v in a.items()}
+          == {k: flag_value(v) for k, v in b.items()})
+
+
+def point_dirs(workdir: str, points: Sequence[Mapping[str, Any]]) -> list[str]:
+  """The directory name (under ``workdir``) of each point, reusing runs by their overrides.
+
+  For each point, in order of preference: a finished run of its overrides (its own
+  :func:`point_name` first, then any index); its own name if that holds an unfinished run of
+  it; another index's unfinished run of it (resumed there); its own name if free. A run is
+  a point's when its ``sweep_status.json`` records the same overrides or, without a status
+  file, when its ``<overrides>`` name part equals the point's and was not cut short. Two
+  points never share a directory; should a point's own name hold another point's run, the
+  point gets the name plus a digest of its overrides.
+
+  Args:
+    workdir: the sweep directory (need not exist).
+    points: override dicts, in sweep order.
+
+  Returns:
+    One name per point (``"003-mixer=gla"``), relative to ``workdir``.
+  """
+  runs: dict[str, dict | None] = {}
+  if os.path.isdir(workdir):
+    for name in sorted(os.listdir(workdir)):
+      if _DIR_NAME.fullmatch(name) and os.path.isdir(os.path.join(workdir, name)):
+        runs[name] = _read_json(os.path.join(workdir, name, STATUS_FILE))
+  taken: set[str] = set()
+  out = []
+  for i, p in enumerate(points):
+    own = point_name(i, p)
+    suffix = own.partition("-")[2]
+
+    def is_mine(name, p=p, own=own, suffix=suffix):
+      rec = runs[name]
+      if isinstance(rec, dict) and isinstance(rec.get("overrides"), dict):
+        return _same_overrides(rec["overrides"], p)
+      if name == own:
+        return True
+      # No record: only an uncut <overrides> part identifies the run.
+      part = _DIR_NAME.fullmatch(name).group(2) or ""
+      return part == suffix and 0 < len(suffix) < 80
+
+    mine = [n for n in runs if n not in taken and is_mine(n)]
+    done = [n for n in mine if (runs[n] or {}).get("status") == "done"]
+    if done:
+      pick = own if own in done else done[0]
+    elif mine:
+      pick = own if own in mine else mine[0]
+    elif own in runs or own in taken:  # another point's run under this point's name
+      digest = hashlib.sha1(json.dumps(sorted((k, flag_value(v)) for k, v in p.items()))
+                            .encode()).hexdigest()[:8]
+      pick = f"{own}-{digest}"
+    else:
+      pick = own
+    taken.add(pick)
+    out.append(pick)
+  return out
 
 
 def point_command(config_arg: str, workdir: str, overrides: Mapping[str, Any],
@@ -146,7 +309,7 @@ def point_command(config_arg: str, workdir: str, overrides: Mapping[str, Any],
   return cmd
 
 
-def _read_json(path: str) -> dict | None:
+def _read_json(path: str) -> Any:
   try:
     with open(path) as f:
       return json.load(f)
@@ -155,11 +318,21 @@ def _read_json(path: str) -> dict | None:
 
 
 def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
-              extra_flags: Sequence[str] = (), env: Mapping[str, str] | None = None) -> dict:
+              extra_flags: Sequence[str] = (), env: Mapping[str, str] | None = None,
+              process_id: int = 0) -> dict:
   """Runs one point to completion (or skips it when already done); returns its status record.
 
   The record's ``returncode`` is the trainer's exit status and ``exit_meaning`` says it in
   words; ``status`` is ``done``, ``failed``, or ``stopped`` (the sweep was stopped).
+
+  Args:
+    config_arg: ``path[:arg]`` as given to ``--config``.
+    workdir: the point's own directory.
+    overrides: its ``--config.*`` overrides.
+    extra_flags: flags before the overrides (the sweep's ``--config.*``, trainer flags).
+    env: the trainer's environment (default: this process's).
+    process_id: this host's process in a multi-host point: only process 0 writes
+      ``sweep_status.json`` and ``log.txt``; process ``i`` logs to ``log.p<i>.txt``.
   """
   status_path = os.path.join(workdir, STATUS_FILE)
   prev = _read_json(status_path)
@@ -170,8 +343,9 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
   if _CHILDREN.stop_at is not None:  # stopped before this point began: nothing to record
     return {**rec, "status": "stopped", "returncode": None, "skipped": False}
   os.makedirs(workdir, exist_ok=True)
+  log_path = os.path.join(workdir, "log.txt" if process_id == 0 else f"log.p{process_id}.txt")
   t0 = time.time()
-  with open(os.path.join(workdir, "log.txt"), "ab") as log:
+  with open(log_path, "ab") as log:
     log.write(("$ " + " ".join(cmd) + "\n").encode())
     log.flush()
     # A session of its own: a Ctrl-C in the terminal reaches the sweep only, which stops
@@ -187,7 +361,7 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
   if returncode == 0 and metrics is not None:
     rec.update(status="done", metrics=metrics)
   else:
-    with open(os.path.join(workdir, "log.txt"), "rb") as f:
+    with open(log_path, "rb") as f:
       tail = f.read().decode(errors="replace").strip().splitlines()[-200:]
     # A Python error names itself last; a crash ("Fatal Python error: Segmentation fault")
     # comes before its stack dump.
@@ -195,7 +369,8 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
     rec.update(status="stopped" if _CHILDREN.stop_at is not None else "failed",
                error=(errors[-1] if errors else "\n".join(tail[-5:])),
                log_tail="\n".join(tail[-15:]))
-  metrics_lib.write_json(status_path, rec)
+  if process_id == 0:
+    metrics_lib.write_json(status_path, rec)
   return {**rec, "skipped": False}
 
 
@@ -215,6 +390,14 @@ def write_summary(workdir: str, rows: list[dict]) -> None:
                   *[m.get(k, "") for k in mkeys], r.get("error", "")])
 
 
+def _write_plan(config_arg: str, workdir: str, extra_flags: Sequence[str], points: list[dict],
+                names: list[str]) -> None:
+  metrics_lib.write_json(os.path.join(workdir, "sweep.json"),
+                         {"config": config_arg, "extra_flags": list(extra_flags),
+                          "points": [{"point": n, "overrides": p}
+                                     for n, p in zip(names, points)]})
+
+
 def run_sweep(config_arg: str, workdir: str, workers: int = 1,
               extra_flags: Sequence[str] = (), points: list[dict] | None = None,
               verbose: bool = True) -> list[dict]:
@@ -222,10 +405,18 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
 
   Args:
     config_arg: ``path[:arg]`` as given to ``--config``.
-    workdir: sweep directory; each point gets a sub-directory.
+    workdir: sweep directory; each point gets a sub-directory (see :func:`point_dirs`).
     workers: concurrent processes.
     extra_flags: flags passed to every point (e.g. ``--config.train.steps=100``).
     points: override dicts; default ``get_sweep()`` of the config file.
+
+  Returns:
+    One row per point: ``point`` (its directory name), ``status``, ``overrides``,
+    ``returncode``, ``metrics`` (``final_metrics.json``), ``error``, ``skipped``.
+
+  Raises:
+    ValueError: ``workers`` < 1, or no points.
+    SweepStoppedError: a signal stopped the sweep (the summary is written first).
   """
   if workers < 1:
     raise ValueError(f"workers must be >= 1, got {workers}.")
@@ -234,10 +425,8 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
     raise ValueError("the sweep has no points.")
   os.makedirs(workdir, exist_ok=True)
   _CHILDREN.stop_at = None
-  names = [point_name(i, p) for i, p in enumerate(points)]
-  metrics_lib.write_json(os.path.join(workdir, "sweep.json"),
-              {"config": config_arg, "extra_flags": list(extra_flags),
-               "points": [{"point": n, "overrides": p} for n, p in zip(names, points)]})
+  names = point_dirs(workdir, points)
+  _write_plan(config_arg, workdir, extra_flags, points, names)
   rows: list[dict | None] = [None] * len(points)
 
   def one(i):
@@ -249,9 +438,7 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
         [ex.submit(one, i) for i in range(len(points))])):
       rows[i] = {"point": names[i], **rec}
       if verbose:
-        what = "skipped (done before)" if rec.get("skipped") else rec["status"]
-        extra = f": {rec.get('error')}" if rec["status"] == "failed" else ""
-        print(f"[{sum(r is not None for r in rows)}/{len(points)}] {names[i]} {what}{extra}",
+        print(f"[{sum(r is not None for r in rows)}/{len(points)}] {_describe(names[i], rec)}",
               flush=True)
   write_summary(workdir, rows)  # type: ignore[arg-type]
   stopped = [r["point"] for r in rows if r["status"] == "stopped"]  # type: ignore[index]
@@ -260,6 +447,62 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
         f"the sweep was stopped; {len(stopped)} point(s) unfinished, their trainers saved "
         f"checkpoints (summary in {workdir}). Rerun the same command to continue.")
   return rows  # type: ignore[return-value]
+
+
+def run_one(config_arg: str, workdir: str, index: int, extra_flags: Sequence[str] = (),
+            points: list[dict] | None = None, process_id: int = 0) -> dict:
+  """Runs point ``index`` alone into its directory (an array task's share of a sweep).
+
+  Writes no summary (other points may be running elsewhere; :func:`collect` writes it).
+
+  Args:
+    config_arg, workdir, extra_flags, points: as for :func:`run_sweep`.
+    index: the point, 0-based in ``points`` (see ``--list``).
+    process_id: this host's process in a multi-host point (see :func:`run_point`).
+
+  Returns:
+    The point's row, as in :func:`run_sweep`.
+
+  Raises:
+    ValueError: ``index`` out of range, or no points.
+    SweepStoppedError: a signal stopped the point (its trainer saved a checkpoint).
+  """
+  points = load_sweep(config_arg) if points is None else points
+  if not 0 <= index < len(points):
+    raise ValueError(f"--point must be in [0, {len(points)}) for the {len(points)} points of "
+                     f"{config_arg!r}, got {index}.")
+  os.makedirs(workdir, exist_ok=True)
+  _CHILDREN.stop_at = None
+  names = point_dirs(workdir, points)
+  if process_id == 0:
+    _write_plan(config_arg, workdir, extra_flags, points, names)
+  with _stop_children_on_signals():
+    rec = run_point(config_arg, os.path.join(workdir, names[index]), points[index], extra_flags,
+                    process_id=process_id)
+  if rec["status"] == "stopped":
+    raise SweepStoppedError(f"point {index} ({names[index]}) was stopped; its trainer saved a "
+                            "checkpoint. Rerun the same command to continue.")
+  return {"point": names[index], **rec}
+
+
+def collect(workdir: str, points: Sequence[Mapping[str, Any]]) -> list[dict]:
+  """The summary rows of ``points`` as their directories stand, training nothing.
+
+  Safe while points train elsewhere: it reads only status files. A point recorded ``done``
+  or ``failed`` keeps its record; any other (never started, training, stopped) is
+  ``not run``.
+
+  Returns:
+    One row per point, as in :func:`run_sweep`.
+  """
+  rows = []
+  for name, p in zip(point_dirs(workdir, points), points):
+    rec = _read_json(os.path.join(workdir, name, STATUS_FILE))
+    if isinstance(rec, dict) and rec.get("status") in ("done", "failed"):
+      rows.append({"point": name, **rec, "skipped": True})
+    else:
+      rows.append({"point": name, "status": "not run", "overrides": dict(p), "metrics": None})
+  return rows
 
 
 @contextlib.contextmanager
@@ -281,6 +524,11 @@ def _stop_children_on_signals():
       signal.signal(s, h)
 
 
+def _describe(name: str, rec: Mapping[str, Any]) -> str:
+  what = "skipped (done before)" if rec.get("skipped") else rec["status"]
+  return f"{name} {what}" + (f": {rec.get('error')}" if rec["status"] == "failed" else "")
+
+
 def _format_table(rows: list[dict]) -> str:
   keys = ["validation_loss", "validation_accuracy"]
   lines = [f"{'point':<40} {'status':<7} " + " ".join(f"{k:>20}" for k in keys)]
@@ -292,19 +540,83 @@ def _format_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _process_id(flags: Sequence[str]) -> int:
+  """This host's process in a multi-host point: ``--process_id``, ``JAX_PROCESS_ID``, or with
+  ``--distributed`` SLURM's task rank (what ``jax.distributed`` detects there); else 0."""
+  for f in flags:
+    if f.startswith("--process_id="):
+      return int(f.partition("=")[2])
+  if os.environ.get("JAX_PROCESS_ID"):
+    return int(os.environ["JAX_PROCESS_ID"])
+  if "--distributed" in flags and os.environ.get("SLURM_PROCID"):
+    return int(os.environ["SLURM_PROCID"])
+  return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-  """``--config=PATH[:ARG] --workdir=DIR [--workers=N] [--config.key=value ...]``."""
+  """The command line; see the module docstring."""
   import argparse
   parser = argparse.ArgumentParser(prog="python -m linear_attention.sweep", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="config file with get_sweep(), [:arg]")
   parser.add_argument("--workdir", required=True)
-  parser.add_argument("--workers", type=int, default=1)
+  parser.add_argument("--workers", type=int, default=1, help="concurrent points (local runner)")
+  mode = parser.add_mutually_exclusive_group()
+  mode.add_argument("--list", action="store_true",
+                    help="print each point's index, status, directory and overrides; run nothing")
+  mode.add_argument("--point", type=int, default=None,
+                    help="run only this point (0-based, as --list numbers them)")
+  mode.add_argument("--collect", action="store_true",
+                    help="write summary.csv/json from the points finished so far; run nothing")
+  parser.add_argument("--array-env", default=ARRAY_ENV, metavar="VAR",
+                      help="without --point, --list or --collect: when this environment variable "
+                           f"is set, run the point it names (default {ARRAY_ENV})")
   args, rest = parser.parse_known_args(argv)
-  bad = [a for a in rest if not a.startswith("--config.")]
+  bad = [a for a in rest
+         if not a.startswith("--config.") and a.partition("=")[0] not in TRAINER_FLAGS]
   if bad:
-    parser.error(f"unknown arguments {bad}; only --config.<field>=value flags are passed on.")
+    parser.error(f"unknown arguments {bad}; only --config.<field>=value flags and the trainer's "
+                 f"{', '.join(TRAINER_FLAGS)} are passed on.")
+  array_value = os.environ.get(args.array_env) if args.array_env else None
+  point = args.point
   try:
+    if point is None and not (args.list or args.collect) and array_value not in (None, ""):
+      try:
+        point = int(array_value)
+      except ValueError:
+        raise ValueError(f"{args.array_env} must be a point index, got {array_value!r}.") from None
+      print(f"point {point} (from {args.array_env})", flush=True)
+    distributed = any(a.partition("=")[0] in TRAINER_FLAGS for a in rest)
+    if distributed and args.workers > 1 and point is None and not (args.list or args.collect):
+      raise ValueError(f"--workers must be 1 with the multi-host flags {TRAINER_FLAGS}, got "
+                       f"{args.workers}: every point's trainer would claim the same processes.")
+    if args.list or args.collect:
+      points = load_sweep(args.config)
+      if args.list:
+        for i, (name, row) in enumerate(zip(point_dirs(args.workdir, points),
+                                            collect(args.workdir, points))):
+          flags = " ".join(f"{k}={flag_value(v)}" for k, v in points[i].items())
+          print(f"{i:4d}  {row['status']:<8} {name}  {flags}")
+        print(f"{len(points)} points; --point takes 0..{len(points) - 1}", file=sys.stderr)
+        return 0
+      if not points:
+        raise ValueError("the sweep has no points.")
+      rows = collect(args.workdir, points)
+      os.makedirs(args.workdir, exist_ok=True)
+      write_summary(args.workdir, rows)
+      print(_format_table(rows))
+      done = sum(r["status"] == "done" for r in rows)
+      print(f"{done} of {len(rows)} points done; summary: "
+            f"{os.path.join(args.workdir, 'summary.csv')}")
+      return 0 if done == len(rows) else 1
+    if point is not None:
+      row = run_one(args.config, args.workdir, point, extra_flags=rest,
+                    process_id=_process_id(rest))
+      print(_describe(row["point"], row), flush=True)
+      code = row.get("returncode")
+      if row["status"] == "done":
+        return 0
+      return code if isinstance(code, int) and code > 0 else 1
     rows = run_sweep(args.config, args.workdir, args.workers, extra_flags=rest)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)

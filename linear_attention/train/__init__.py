@@ -1,7 +1,6 @@
 """Trainer, checkpoints, metrics, sweeps: ``train_and_evaluate(config, workdir)``."""
 
 from linear_attention.train.optim import decay_mask, lr_schedule, make_optimizer, make_tx
-from linear_attention.train.sweep_utils import product, zip_
 from linear_attention.train.errors import (CheckpointError, ConfigChangedError, ConfigError,
                                            DataError, NonFiniteLossError, PreemptedError,
                                            WorkdirLockedError)

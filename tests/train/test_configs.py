@@ -9,7 +9,7 @@ import pytest
 
 from configs import common
 from linear_attention import data
-from linear_attention.train import sweep_utils
+from linear_attention import sweep
 
 CONFIGS = ("text_lm", "mqar", "selective_copying", "induction_heads", "listops")
 
@@ -60,18 +60,18 @@ def test_parse_arg_types():
 
 
 def test_product_and_zip():
-  p = sweep_utils.product({"model.mixer": ["gla", "softmax"]}, {"optim.lr": [1e-3, 3e-3]})
+  p = sweep.product({"model.mixer": ["gla", "softmax"]}, {"optim.lr": [1e-3, 3e-3]})
   assert p == [{"model.mixer": "gla", "optim.lr": 1e-3}, {"model.mixer": "gla", "optim.lr": 3e-3},
                {"model.mixer": "softmax", "optim.lr": 1e-3},
                {"model.mixer": "softmax", "optim.lr": 3e-3}]
-  z = sweep_utils.zip_({"model.mixer": ["gla", "softmax"]}, {"optim.lr": [1e-3, 3e-4]})
+  z = sweep.zip_({"model.mixer": ["gla", "softmax"]}, {"optim.lr": [1e-3, 3e-4]})
   assert z == [{"model.mixer": "gla", "optim.lr": 1e-3}, {"model.mixer": "softmax", "optim.lr": 3e-4}]
-  nested = sweep_utils.product(z, {"train.seed": [0, 1]})
+  nested = sweep.product(z, {"train.seed": [0, 1]})
   assert len(nested) == 4 and nested[1] == {"model.mixer": "gla", "optim.lr": 1e-3, "train.seed": 1}
   with pytest.raises(ValueError, match="equal length"):
-    sweep_utils.zip_({"a": [1, 2]}, {"b": [1]})
+    sweep.zip_({"a": [1, 2]}, {"b": [1]})
   with pytest.raises(ValueError, match="set twice"):
-    sweep_utils.product([{"a": 1}], [{"a": 2}])
+    sweep.product([{"a": 1}], [{"a": 2}])
 
 
 def test_mqar_sweep_points():
