@@ -378,6 +378,99 @@ DELTANET = dataclasses.replace(
     step=lambda a, s: ops.deltanet_step(*a, s), log_gate=None)
 
 
+# ------------------------------------------- diagonal plus low rank (ops/dplr.py)
+
+
+def ref_rwkv7(arrays, s0, seg):
+  """RWKV-7 with the state ``S = wkv^T [K, V]``: ``S = (diag(w) - (a kappa) kappa^T) S + k v^T``,
+  then the read plus the bonus ``(r . (rho k)) v``; scale 1."""
+  r, k, v, log_w, kappa, a, rho = arrays
+  b, _, h, dk = r.shape
+  rho = rho.astype(F32)
+
+  def step(s, start, r_t, k_t, v_t, w_t, kap_t, a_t):
+    transition = jnp.exp(w_t)[..., :, None] * jnp.eye(dk) - outer(a_t * kap_t, kap_t)
+    s = jnp.matmul(transition, s, precision="highest") + outer(k_t, v_t)
+    bonus = jnp.sum(r_t * rho * k_t, axis=-1, keepdims=True) * v_t
+    return s, read(r_t, s) + bonus
+
+  return scan_reference(step, zeros_or(s0, (b, h, dk, v.shape[-1])),
+                        (r, k, v, log_w, kappa, a), seg)
+
+
+RWKV7 = OpSpec(
+    name="rwkv7", names=("r", "k", "v", "log_w", "kappa", "a", "bonus"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (
+        log_gate(rng, (B, t, H, K), dtype), unit(normal(rng, (B, t, H, K), dtype)),
+        uniform(rng, (B, t, H, K), 0.05, 0.95, dtype), normal(rng, (H, K), dtype, scale=0.5)),
+    timed=(True,) * 6 + (False,),
+    run=lambda a, form, s0, seg: ops.rwkv7(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_rwkv7, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
+    step=lambda a, s: ops.rwkv7_step(a[0], a[1], a[2], s, *a[3:]), log_gate=3,
+    rtol=1e-4, atol=1e-4)
+
+
+def ref_kda(arrays, s0, seg):
+  """``S = (I - beta k k^T) diag(alpha) S + beta k v^T``, ``o = S^T q / sqrt(K)``."""
+  q, k, v, beta, log_alpha = arrays
+  b, _, h, dk = q.shape
+  eye = jnp.eye(dk)
+
+  def step(s, start, q_t, k_t, v_t, b_t, g_t):
+    householder = eye - b_t[..., None, None] * outer(k_t, k_t)
+    transition = jnp.matmul(householder, jnp.exp(g_t)[..., None, :] * eye, precision="highest")
+    s = jnp.matmul(transition, s, precision="highest") + b_t[..., None, None] * outer(k_t, v_t)
+    return s, dk**-0.5 * read(q_t, s)
+
+  return scan_reference(step, zeros_or(s0, (b, h, dk, v.shape[-1])),
+                        (q, k, v, beta, log_alpha), seg)
+
+
+KDA = OpSpec(
+    name="kda", names=("q", "k", "v", "beta", "log_alpha"),
+    make=lambda rng, t, dtype: _make_delta(rng, t, dtype, gated=False) + (
+        log_gate(rng, (B, t, H, K), dtype),),
+    timed=(True,) * 5,
+    run=lambda a, form, s0, seg: ops.kda(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_kda, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
+    step=lambda a, s: ops.kda_step(*a, s), log_gate=4, rtol=1e-4, atol=1e-4)
+
+HOUSEHOLDER = 2  # Gated DeltaProduct's steps per token
+
+
+def ref_gated_deltaproduct(arrays, s0, seg):
+  """``S = exp(g) S``, then per step ``S = (I - beta k k^T) S + beta k v^T``; ``o = S^T q / sqrt(K)``."""
+  q, k, v, beta, g = arrays
+  b, _, h, dk = q.shape
+  eye = jnp.eye(dk)
+
+  def step(s, start, q_t, k_t, v_t, b_t, g_t):
+    s = jnp.exp(g_t)[..., None, None] * s
+    for j in range(k_t.shape[2]):
+      kj, bj = k_t[:, :, j], b_t[:, :, j, None, None]
+      s = (jnp.matmul(eye - bj * outer(kj, kj), s, precision="highest")
+           + bj * outer(kj, v_t[:, :, j]))
+    return s, dk**-0.5 * read(q_t, s)
+
+  return scan_reference(step, zeros_or(s0, (b, h, dk, v.shape[-1])), (q, k, v, beta, g), seg)
+
+
+GATED_DELTAPRODUCT = OpSpec(
+    name="gated_deltaproduct", names=("q", "k", "v", "beta", "log_decay"),
+    make=lambda rng, t, dtype: (
+        normal(rng, (B, t, H, K), dtype), unit(normal(rng, (B, t, H, HOUSEHOLDER, K), dtype)),
+        normal(rng, (B, t, H, HOUSEHOLDER, V), dtype),
+        uniform(rng, (B, t, H, HOUSEHOLDER), 0.05, 1.95, dtype), log_gate(rng, (B, t, H), dtype)),
+    timed=(True,) * 5,
+    run=lambda a, form, s0, seg: ops.gated_deltaproduct(*a, chunk_size=CHUNK,
+                                                        **_kw(form, s0, seg)),
+    reference=ref_gated_deltaproduct, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
+    step=lambda a, s: ops.gated_deltaproduct_step(*a, s), log_gate=4, rtol=1e-4, atol=1e-4)
+
+
 # -------------------------------------------------------- linear RNNs / SSMs
 
 
@@ -737,7 +830,7 @@ MLSTM_EXP = dataclasses.replace(
 
 SPECS = (DECAY, LINEAR, GLA, RETENTION, HGRN2, RWKV6, SSD, GATED_DELTANET,
          DELTANET, LINEAR_SCAN, RG_LRU, SELECTIVE_SCAN, S4D, CONV, SOFTMAX, SLIDING_WINDOW,
-         LONGFORMER, BIGBIRD, LINFORMER,
+         LONGFORMER, BIGBIRD, LINFORMER, RWKV7, KDA, GATED_DELTAPRODUCT,
          MLSTM, MLSTM_EXP)
 STATEFUL = tuple(s for s in SPECS if s.make_state is not None)
 WITH_STEP = tuple(s for s in SPECS if s.step is not None)
