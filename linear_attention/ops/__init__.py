@@ -55,6 +55,15 @@ from linear_attention.ops.gated import (
 )
 from linear_attention.ops.rglru import rg_lru, rg_lru_step
 from linear_attention.ops.mlstm import init_mlstm_state, mlstm, mlstm_step
+from linear_attention.ops.loglinear import (
+    init_loglinear_state,
+    loglinear_decay_attention,
+    loglinear_decay_step,
+    loglinear_gla,
+    loglinear_gla_step,
+    loglinear_ssd,
+    loglinear_ssd_step,
+)
 from linear_attention.ops.scan import SCAN_FORMS, linear_scan
 from linear_attention.ops.sequence_parallel import (
     sequence_parallel_decay_attention,

@@ -828,10 +828,102 @@ MLSTM_EXP = dataclasses.replace(
     step=lambda a, s: ops.mlstm_step(*a, s, forget_gate="exp"))
 
 
+# ------------------------------------------------------------ log-linear attention
+
+LEVELS = 4  # T = 37 needs 7: the top level is shared, as with any L too small
+
+
+def ref_loglinear(arrays, s0, seg, *, scale=None):
+  """Fenwick-tree states token by token (Guo et al. 2025): ``q, k, v, log_decay,
+  level_weights``; the state is ``(S [B, H, L, K, V], position [B])``.
+
+  A token lands at level 0; then, as in a binary counter, the bucket carries
+  up through every occupied level (bit ``l - 1`` of the position) into the
+  first free one; the top level ``L - 1`` absorbs whatever reaches it.
+  """
+  q, k, v, g, lam = (a.astype(F32) for a in arrays)
+  b, t, h, dk = q.shape
+  levels = lam.shape[-1]
+  scale = dk ** -0.5 if scale is None else scale
+  if s0 is None:
+    s0 = (jnp.zeros((b, h, levels, dk, v.shape[-1])), jnp.zeros((b,)))
+  starts = segment_starts(seg, b, t)
+
+  def body(carry, x):
+    s, pos = carry
+    start, q_t, k_t, v_t, g_t, l_t = x
+    s = jnp.where(start[:, None, None, None, None], 0.0, s)
+    pos = jnp.where(start, 0.0, pos).astype(jnp.int32)
+    a = jnp.exp(g_t)
+    s = s * (a[:, :, None, None, None] if a.ndim == 2 else a[:, :, None, :, None])
+    s = s.at[:, :, 0].add(outer(k_t, v_t))
+    o = jnp.einsum("bhk,bhlkv,bhl->bhv", scale * q_t, s, l_t, precision="highest")
+    if levels > 1:
+      bucket, moving = s[:, :, 0], jnp.ones((b,), bool)
+      s = s.at[:, :, 0].set(0.0)
+      for lvl in range(1, levels):
+        m = moving[:, None, None, None]
+        if lvl == levels - 1:
+          s = s.at[:, :, lvl].add(jnp.where(m, bucket, 0.0))
+          break
+        occupied = ((pos >> (lvl - 1)) & 1).astype(bool)
+        take = (moving & occupied)[:, None, None, None]
+        new = jnp.where(take, 0.0, s[:, :, lvl] + jnp.where(m, bucket, 0.0))
+        bucket = jnp.where(take, bucket + s[:, :, lvl], bucket)
+        s = s.at[:, :, lvl].set(new)
+        moving = moving & occupied
+    return (s, (pos + 1).astype(F32)), o
+
+  xs = [starts.T] + [jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, lam)]
+  (s, pos), o = lax.scan(body, (s0[0].astype(F32), s0[1].astype(F32)), xs)
+  return jnp.moveaxis(o, 0, 1), (s, pos)
+
+
+def ref_loglinear_ssd(arrays, s0, seg):
+  x, dt, A, Bm, C, lam, D = (a.astype(F32) for a in arrays)
+  h = x.shape[2]
+  group = np.arange(h) // (h // Bm.shape[-2])
+  o, s = ref_loglinear((C[:, :, group], Bm[:, :, group], dt[..., None] * x, A * dt, lam), s0, seg,
+                       scale=1.0)
+  return o + D[:, None] * x, s
+
+
+def _loglinear_state(rng, a, dk=K, dv=V):
+  pos = rng.integers(0, 40, size=(B,)).astype(np.float32)
+  return (normal(rng, (B, H, LEVELS, dk, dv)), jnp.asarray(pos))
+
+
+def _levels(rng, t, dtype):
+  return jax.nn.softplus(normal(rng, (B, t, H, LEVELS))).astype(dtype)
+
+
+LOGLINEAR_SSD = OpSpec(
+    name="loglinear_ssd", names=("x", "dt", "A", "B", "C", "level_weights", "D"),
+    make=lambda rng, t, dtype: SSD.make(rng, t, dtype)[:5] + (
+        _levels(rng, t, dtype), normal(rng, (H,), dtype)),
+    timed=(True, True, False, True, True, True, False),
+    run=lambda a, form, s0, seg: ops.loglinear_ssd(*a[:6], a[6], chunk_size=CHUNK,
+                                                   **_kw(form, s0, seg)),
+    reference=ref_loglinear_ssd, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: _loglinear_state(rng, a, K, V),
+    step=lambda a, s: ops.loglinear_ssd_step(*a[:6], s, a[6]), log_gate=2)
+
+LOGLINEAR_GLA = OpSpec(
+    name="loglinear_gla", names=("q", "k", "v", "log_g", "level_weights"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (
+        log_gate(rng, (B, t, H, K), dtype), _levels(rng, t, dtype)),
+    timed=(True,) * 5,
+    run=lambda a, form, s0, seg: ops.loglinear_gla(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=lambda a, s0, seg: ref_loglinear(a, s0, seg), forms=("parallel", "chunk", "recurrent"),
+    make_state=_loglinear_state,
+    step=lambda a, s: ops.loglinear_gla_step(a[0], a[1], a[2], s, a[3], a[4]), log_gate=3)
+
+
 SPECS = (DECAY, LINEAR, GLA, RETENTION, HGRN2, RWKV6, SSD, GATED_DELTANET,
          DELTANET, LINEAR_SCAN, RG_LRU, SELECTIVE_SCAN, S4D, CONV, SOFTMAX, SLIDING_WINDOW,
          LONGFORMER, BIGBIRD, LINFORMER, RWKV7, KDA, GATED_DELTAPRODUCT,
-         MLSTM, MLSTM_EXP)
+         MLSTM, MLSTM_EXP,
+         LOGLINEAR_SSD, LOGLINEAR_GLA)
 STATEFUL = tuple(s for s in SPECS if s.make_state is not None)
 WITH_STEP = tuple(s for s in SPECS if s.step is not None)
 WITH_LOG_GATE = tuple(s for s in SPECS if s.log_gate is not None)

@@ -1,0 +1,468 @@
+"""Log-linear attention (Guo et al. 2025, arXiv:2506.04761) over the diagonal-decay engine.
+
+Linear attention keeps one state; log-linear attention keeps one per level of
+a Fenwick tree over the positions, and the query mixes the levels with
+data-dependent weights ``lambda_t^(l)``::
+
+    o_t = scale * sum_{s <= t} lambda_t^(level(t, s)) * decay(s -> t) * (q_t . k_s) v_s
+    level(t, s) = min(bit_length(p_t XOR p_s), L - 1)
+
+with ``p`` the position in the sequence (segment). Level 0 is the token
+itself; level ``l >= 1`` holds ``2^(l-1)`` tokens: the left half of the
+``2^l``-aligned block whose right half contains ``p_t`` (empty when ``p_t`` is
+in the left half). So a query sees ``popcount(p_t) + 1 <= log2(T) + 1``
+buckets, and decoding keeps ``L`` states. Levels from ``L - 1`` up share the
+top weight, so any length works with any ``L`` (the paper takes
+``L = log2(T) + 1``, where nothing is shared). ``decay(s -> t)`` is the
+engine's: ``exp(sum of log_decay over (s, t])``, a scalar per head
+(log-linear Mamba-2) or a vector over key channels (log-linear GLA).
+
+Forms (all agree; the tests prove it):
+
+* ``parallel``: the masked ``T x T`` form with the level of every pair.
+* ``chunk``: level ``l``'s part is the engine's chunk form with keys kept in
+  left halves, queries in right halves and the state reset at every
+  ``2^l``-aligned block; the levels go through the engine as one call
+  (stacked on the batch axis), so the cost is ``O(T log T)``. When levels
+  are shared (``L`` smaller than the positions need, or an initial state at
+  an unknown position), the top level is the plain engine output minus the
+  levels below it.
+* ``recurrent``: token by token through :func:`loglinear_decay_step`'s update,
+  with ``O(L)`` states: after a token at position ``p`` with ``r`` trailing
+  one bits, levels ``0..r`` merge into level ``r + 1``.
+
+State layout: a tuple ``(S [B, H, L, K, V], position [B])``, float32. ``S[:,
+:, l]`` is the bucket at level ``l`` relative to the next position (level 0
+is empty between tokens unless ``L = 1``); ``position`` counts the tokens
+seen in the current segment (a float32 integer, exact below ``2^24``). A
+fresh state is all zeros; a segment start resets to one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linear_attention.ops import common, decay, gated
+
+Array = jax.Array
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _bit_length(x: Array) -> Array:
+  """``bit_length`` of non-negative int32 values (``0 -> 0``)."""
+  return 32 - lax.clz(x)
+
+
+def _positions(b: int, t: int, segment_ids, pos0):
+  """``(p [B, T] int32, first [B, T] bool, seg [B, T] int32)``: position in the segment
+  (offset by ``pos0`` in the first one), in-first-segment flag, monotone segment index."""
+  idx = jnp.arange(t, dtype=jnp.int32)[None]
+  if segment_ids is None:
+    starts = jnp.zeros((b, t), bool)
+  else:
+    starts = common.segment_starts(segment_ids)
+  start_idx = lax.cummax(jnp.where(starts, idx, 0), axis=1)
+  first = start_idx == 0
+  p = idx - start_idx + jnp.where(first, pos0[:, None], 0)
+  return p, first, jnp.cumsum(starts.astype(jnp.int32), axis=1)
+
+
+def _gather_levels(lam: Array, levels: Array) -> Array:
+  """``lam [B, T, H, L]`` at ``levels [B, T, N]`` (ints) -> ``[B, T, H, N]``."""
+  idx = jnp.broadcast_to(levels[:, :, None, :], lam.shape[:3] + levels.shape[-1:])
+  return jnp.take_along_axis(lam, idx, axis=-1)
+
+
+def _expand(g: Array, like_ndim: int) -> Array:
+  """A scalar decay ``[..., H]`` gets a key axis to meet ``[..., H, K]``; vectors pass."""
+  return g[..., None] if g.ndim == like_ndim - 1 else g
+
+
+def _initial_read(q, G, lam, s0, pos0, p, first):
+  """The initial state's part of every output (first segment only).
+
+  An old bucket at level ``l`` (relative to ``pos0``) sits at level
+  ``max(l, bit_length(p_t XOR pos0))`` for the query at ``p_t``.
+  """
+  levels = lam.shape[-1]
+  qd = q * jnp.exp(_expand(G, q.ndim)) * first[..., None, None]
+  r = jnp.einsum("bthk,bhlkv->bthlv", qd, s0)
+  lv = jnp.minimum(jnp.maximum(jnp.arange(levels)[None, None],
+                               _bit_length(p ^ pos0[:, None])[..., None]), levels - 1)
+  return jnp.einsum("bthl,bthlv->bthv", _gather_levels(lam, lv), r)
+
+
+def _carry_initial(s0, pos0, p_end, total, carries):
+  """The initial state's buckets moved to their levels at ``p_end`` and decayed by
+  ``exp(total)`` (``[B, H]`` or ``[B, H, K]``); zero where the row's last segment
+  is not its first (``carries [B]`` False)."""
+  levels = s0.shape[2]
+  lv = jnp.minimum(jnp.maximum(jnp.arange(levels)[None], _bit_length(p_end ^ pos0)[:, None]),
+                   levels - 1)  # [B, L_old] -> new level
+  move = jax.nn.one_hot(lv, levels, dtype=s0.dtype) * carries[:, None, None]
+  a = jnp.exp(total)
+  s0 = s0 * (a[:, :, None, None, None] if a.ndim == 2 else a[:, :, None, :, None])
+  return jnp.einsum("bml,bhmkv->bhlkv", move, s0)
+
+
+# ----------------------------------------------------------------------- forms
+
+
+def _parallel(q, k, v, g, lam, s0, pos0, seg_info):
+  """Masked ``T x T`` form on ``[B, T, H, *]`` arrays (``q`` scaled)."""
+  p, first, seg = seg_info
+  t, levels = q.shape[1], lam.shape[-1]
+  G = jnp.cumsum(g, axis=1)
+  mask = jnp.tril(jnp.ones((t, t), bool))[None] & (seg[:, :, None] == seg[:, None, :])
+  if g.ndim == 3:
+    diff = jnp.where(mask[..., None], G[:, :, None] - G[:, None, :], -jnp.inf)  # [B,T,S,H]
+    scores = jnp.einsum("bthk,bshk,btsh->bths", q, k, jnp.exp(diff))
+  else:
+    diff = jnp.where(mask[..., None, None], G[:, :, None] - G[:, None, :], -jnp.inf)
+    scores = jnp.einsum("bthk,bshk,btshk->bths", q, k, jnp.exp(diff))
+  lv = jnp.minimum(_bit_length(p[:, :, None] ^ p[:, None, :]), levels - 1)  # [B,T,S]
+  scores = jnp.where(mask[:, :, None], scores * _gather_levels(lam, lv), 0.0)
+  o = jnp.einsum("bths,bshv->bthv", scores, v) + _initial_read(q, G, lam, s0, pos0, p, first)
+
+  # Final state: every key of the last segment in its bucket at the next position.
+  last = seg == seg[:, -1:]
+  p_end = p[:, -1] + 1
+  slot = jnp.minimum(_bit_length(p_end[:, None] ^ p), levels - 1)
+  last_x = last.reshape(last.shape + (1,) * (G.ndim - 2))
+  dec = jnp.exp(jnp.where(last_x, G[:, -1:] - G, -jnp.inf))
+  kd = k * _expand(dec, k.ndim)
+  state = jnp.einsum("btl,bthk,bthv->bhlkv", jax.nn.one_hot(slot, levels, dtype=q.dtype), kd, v)
+  state = state + _carry_initial(s0, pos0, p_end, G[:, -1], first[:, -1])
+  return o, (state, p_end)
+
+
+def _plan(t: int, levels: int, has_initial: bool):
+  """The masked levels the chunk form needs, and whether the top level is shared.
+
+  Without an initial state positions stay below ``T``, so levels above
+  ``bit_length(T)`` are empty: if those fit below ``L``, nothing is shared.
+  """
+  top = t.bit_length()
+  if not has_initial and top <= levels - 1:
+    return tuple(range(1, top + 1)), False
+  return tuple(range(1, levels - 1)), True
+
+
+def _chunk(q, k, v, g, lam, s0, pos0, seg_info, *, chunk_size, has_initial, implementation):
+  """Each level an engine call (stacked on the batch axis); ``q`` scaled."""
+  p, first, seg = seg_info
+  b, t, h, dk = q.shape
+  dv, levels = v.shape[-1], lam.shape[-1]
+  masked, shared = _plan(t, levels, has_initial)
+  seg_start = jnp.concatenate([jnp.zeros((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  qs, ks, ids = [], [], []
+  for lvl in masked:
+    right = ((p >> (lvl - 1)) & 1).astype(q.dtype)[..., None, None]
+    block_start = (p & ((1 << lvl) - 1)) == 0
+    qs.append(q * right)
+    ks.append(k * (1.0 - right))
+    ids.append(jnp.cumsum((seg_start | block_start).astype(jnp.int32), axis=1))
+  if shared:
+    qs.append(q)
+    ks.append(k)
+    ids.append(seg)
+  n = len(qs)
+  cat = lambda xs: jnp.concatenate(xs, axis=0)
+  tile = lambda x: jnp.concatenate([x] * n, axis=0)
+  out, states = decay.decay_linear_attention(
+      cat(qs), cat(ks), tile(v), tile(g), scale=1.0, form="chunk", chunk_size=chunk_size,
+      return_state=True, segment_ids=cat(ids), implementation=implementation)
+  out = out.reshape(n, b, t, h, dv)
+  states = states.reshape(n, b, h, dk, dv)
+
+  own = jnp.sum(q * k, axis=-1, keepdims=True) * v  # level 0: the token itself
+  lam_at = lambda lvl: lam[..., lvl, None]
+  o = lam_at(0) * own if levels > 1 else 0.0
+  below = own
+  for i, lvl in enumerate(masked):
+    o = o + lam_at(lvl) * out[i]
+    below = below + out[i]
+  if shared:  # the shared top: everything minus the levels below it
+    o = o + lam_at(levels - 1) * (out[-1] - (below if levels > 1 else 0.0))
+  G = jnp.cumsum(g, axis=1)
+  o = o + _initial_read(q, G, lam, s0, pos0, p, first)
+
+  p_end = p[:, -1] + 1
+  slots = [jnp.zeros((b, h, dk, dv), q.dtype)] * levels
+  in_bucket = lambda lvl: ((p_end >> (lvl - 1)) & 1).astype(q.dtype)[:, None, None, None]
+  for i, lvl in enumerate(masked):
+    slots[lvl] = in_bucket(lvl) * states[i]
+  if shared:
+    slots[levels - 1] = states[-1] - sum((slots[lvl] for lvl in masked),
+                                         jnp.zeros_like(states[-1]))
+  state = jnp.stack(slots, axis=2) + _carry_initial(s0, pos0, p_end, G[:, -1], first[:, -1])
+  return o, (state, p_end)
+
+
+def _trailing_ones(x: Array) -> Array:
+  """Number of trailing one bits of non-negative int32 ``x``."""
+  y = x + 1
+  return _bit_length(y & -y) - 1
+
+
+def _update(s, pos, q, k, v, g, lam):
+  """One token on ``[B, H, *]`` arrays (``q`` scaled, ``pos [B]`` int32): decay every
+  level, add ``k v^T`` at level 0, read, then merge levels ``0..r`` into ``r + 1``."""
+  levels = s.shape[2]
+  a = jnp.exp(g)
+  s = s * (a[:, :, None, None, None] if g.ndim == 2 else a[:, :, None, :, None])
+  s = s.at[:, :, 0].add(k[..., :, None] * v[..., None, :])
+  o = jnp.einsum("bhk,bhlkv,bhl->bhv", q, s, lam)
+  r = _trailing_ones(pos)
+  lv = jnp.arange(levels)[None]
+  low = (lv <= r[:, None])[:, None, :, None, None]  # [B,1,L,1,1]
+  merged = jnp.sum(jnp.where(low, s, 0.0), axis=2)
+  into = (lv == jnp.minimum(r + 1, levels - 1)[:, None])[:, None, :, None, None]
+  s = jnp.where(low, 0.0, s) + jnp.where(into, merged[:, :, None], 0.0)
+  return o, s, pos + 1
+
+
+def _recurrent(q, k, v, g, lam, s0, pos0, starts):
+  move = lambda x: jnp.moveaxis(x, 1, 0)
+  real = jnp.ones(starts.shape[1:], bool)  # False on remat_scan's padding: a no-op there
+
+  def body(carry, x):
+    s, pos = carry
+    q_t, k_t, v_t, g_t, l_t, start, ok = x
+    s = jnp.where(start[:, None, None, None, None], 0.0, s)
+    pos = jnp.where(start, 0, pos)
+    o_t, s_new, pos_new = _update(s, pos, q_t, k_t, v_t, g_t, l_t)
+    return (jnp.where(ok, s_new, s), jnp.where(ok, pos_new, pos)), o_t
+
+  (s, pos), o = common.remat_scan(body, (s0, pos0),
+                                  (move(q), move(k), move(v), move(g), move(lam), starts.T, real))
+  return jnp.moveaxis(o, 0, 1), (s, pos)
+
+
+@functools.partial(jax.jit, static_argnames=("form", "chunk_size", "has_initial",
+                                             "implementation"))
+def _forward(q, k, v, g, lam, s0, pos0, segment_ids, *, form, chunk_size, has_initial,
+             implementation):
+  b, t = q.shape[:2]
+  g = common.floor_log_decay(g)  # -inf would give inf - inf in the cumulative sums
+  if form == "recurrent":
+    starts = (jnp.zeros((b, t), bool) if segment_ids is None
+              else common.segment_starts(segment_ids))
+    return _recurrent(q, k, v, g, lam, s0, pos0, starts)
+  seg_info = _positions(b, t, segment_ids, pos0)
+  if form == "parallel":
+    return _parallel(q, k, v, g, lam, s0, pos0, seg_info)
+  return _chunk(q, k, v, g, lam, s0, pos0, seg_info, chunk_size=min(chunk_size, t),
+                has_initial=has_initial, implementation=implementation)
+
+
+# ------------------------------------------------------------------ the core op
+
+
+def _check_state(name, state, b, h, levels, dk, dv, step):
+  if not isinstance(state, (tuple, list)) or len(state) != 2:
+    raise ValueError(f"{name} must be a tuple (S [B, H, L, K, V], position [B]), got "
+                     f"{type(state).__name__}"
+                     + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
+                     + ".")
+  for part, x, shape, what in ((0, state[0], (b, h, levels, dk, dv), "S, [B, H, L, K, V]"),
+                               (1, state[1], (b,), "position, [B]")):
+    label = f"{name}[{part}]"
+    if step:
+      common.check_step_state(label, x, shape, what)
+    else:
+      common.check_shape(label, x, shape, what)
+      common.check_float(label, x)
+  pos = common.concrete(state[1])
+  if pos is not None and not (pos.size == 0 or (pos.min() >= 0 and (pos == pos.round()).all())):
+    raise ValueError(f"{name}[1] (position) must hold non-negative integers, got {pos}.")
+
+
+def _check_levels(level_weights, b, t, h) -> int:
+  common.check_float("level_weights", level_weights)
+  common.check_shape("level_weights", level_weights, (b, t, h, None),
+                     "[B, T, H, L], one weight per level")
+  levels = level_weights.shape[-1]
+  if levels < 1:
+    raise ValueError(f"level_weights must have L >= 1 levels (its last axis), got {levels}.")
+  return levels
+
+
+def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array,
+                              level_weights: Array, *, scale: float | None = None,
+                              form: str = "chunk", chunk_size: int = 64,
+                              initial_state: tuple[Array, Array] | None = None,
+                              return_state: bool = False, segment_ids: Array | None = None,
+                              implementation: str | None = None):
+  """Log-linear attention with a diagonal decay (see the module doc).
+
+  Args:
+    q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
+    log_decay: ``[B, T, H]`` (per head) or ``[B, T, H, K]`` (per key channel),
+      ``<= 0`` (``-inf`` allowed; the sign is checked for concrete values).
+    level_weights: ``[B, T, H, L]`` weights ``lambda_t^(l)``, ``L >= 1``.
+    scale: ``None`` means ``K ** -0.5``.
+    form: ``"chunk"`` (default), ``"parallel"`` or ``"recurrent"``.
+    chunk_size: chunk length of the engine's chunk form.
+    initial_state: optional ``(S [B, H, L, K, V], position [B])`` (the module
+      doc's layout); the sequence continues at ``position``.
+    return_state: also return the final state.
+    segment_ids: optional ``[B, T]`` ints; each segment starts at position 0
+      with empty levels (``initial_state`` reaches the first segment only).
+    implementation: the engine's kernel choice for the chunk form.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, (S, position))``
+    for the last segment, float32.
+  """
+  b, t, h, dk, dv = common.check_qkv(q, k, v)
+  common.check_log_decay(log_decay, b, t, h, dk)
+  levels = _check_levels(level_weights, b, t, h)
+  common.check_choice("form", form, common.FORMS)
+  common.check_positive_int("chunk_size", chunk_size)
+  common.check_segment_ids(segment_ids, b, t)
+  if initial_state is not None:
+    _check_state("initial_state", initial_state, b, h, levels, dk, dv, step=False)
+  acc = common.acc_dtype(q.dtype)
+  if initial_state is None:
+    s0, pos0 = jnp.zeros((b, h, levels, dk, dv), acc), jnp.zeros((b,), jnp.int32)
+  else:
+    s0, pos0 = initial_state[0].astype(acc), jnp.round(initial_state[1]).astype(jnp.int32)
+  scale = common.resolve_scale(scale, dk)
+  o, (state, pos) = _forward(
+      q.astype(acc) * scale, k.astype(acc), v.astype(acc), log_decay.astype(acc),
+      level_weights.astype(acc), s0, pos0, segment_ids, form=form, chunk_size=chunk_size,
+      has_initial=initial_state is not None, implementation=implementation)
+  o = o.astype(q.dtype)
+  return (o, (state, pos.astype(jnp.float32))) if return_state else o
+
+
+def loglinear_decay_step(q: Array, k: Array, v: Array, state: tuple[Array, Array],
+                         log_decay: Array, level_weights: Array, *,
+                         scale: float | None = None):
+  """One decoding step of :func:`loglinear_decay_attention`.
+
+  Args:
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``(S [B, H, L, K, V],
+      position [B])`` float32; log_decay: ``[B, H]`` or ``[B, H, K]`` (``<= 0``);
+    level_weights: ``[B, H, L]``; scale: ``None`` means ``K ** -0.5``.
+
+  Returns:
+    ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
+  """
+  b, h, dk, dv = common.check_step_qkv(q, k, v)
+  common.check_log_decay(log_decay, b, h, dk)
+  common.check_float("level_weights", level_weights)
+  common.check_shape("level_weights", level_weights, (b, h, None), "[B, H, L]")
+  levels = level_weights.shape[-1]
+  _check_state("state", state, b, h, levels, dk, dv, step=True)
+  acc = state[0].dtype
+  scale = common.resolve_scale(scale, dk)
+  g = common.floor_log_decay(log_decay.astype(acc))
+  o, s, pos = _update(state[0], jnp.round(state[1]).astype(jnp.int32), q.astype(acc) * scale,
+                      k.astype(acc), v.astype(acc), g, level_weights.astype(acc))
+  return o.astype(q.dtype), (s, pos.astype(state[1].dtype))
+
+
+def init_loglinear_state(batch: int, heads: int, levels: int, key_dim: int, value_dim: int):
+  """A fresh state ``(S [B, H, L, K, V], position [B])``: float32 zeros."""
+  for name, x in (("batch", batch), ("heads", heads), ("levels", levels),
+                  ("key_dim", key_dim), ("value_dim", value_dim)):
+    common.check_positive_int(name, x)
+  return (jnp.zeros((batch, heads, levels, key_dim, value_dim), jnp.float32),
+          jnp.zeros((batch,), jnp.float32))
+
+
+# ------------------------------------------------------------------- variants
+
+
+def loglinear_ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, level_weights: Array,
+                  D: Array | None = None, *, dt_bias: Array | None = None,
+                  dt_softplus: bool = False, scale: float | None = 1.0, form: str = "chunk",
+                  chunk_size: int = 64, initial_state: tuple[Array, Array] | None = None,
+                  return_state: bool = False, segment_ids: Array | None = None,
+                  implementation: str | None = None):
+  """Log-linear Mamba-2: :func:`~linear_attention.ops.gated.ssd` with Fenwick levels.
+
+  ``q = C``, ``k = B``, ``v = dt * x``, ``log_decay = A * dt`` as in
+  :func:`~linear_attention.ops.gated.ssd`, mixed over levels by
+  ``level_weights``; plus the skip ``D x``.
+
+  Args (``batch`` is the batch size):
+    x: ``[batch, T, H, P]``; dt: ``[batch, T, H]``; A: ``[H]`` (negative);
+    B, C: ``[batch, T, G, N]``; level_weights: ``[batch, T, H, L]``;
+    D, dt_bias, dt_softplus, scale: as in :func:`~linear_attention.ops.gated.ssd`.
+    form, chunk_size, return_state, segment_ids, implementation: as in
+      :func:`loglinear_decay_attention`.
+    initial_state: ``(S [batch, H, L, N, P], position [batch])``.
+
+  Returns:
+    ``y`` ``[batch, T, H, P]`` in the dtype of ``x``, or ``(y, state)``.
+  """
+  common.check_rank("x", x, 4)
+  common.check_seq_len(x.shape[1], "axis 1 of x")
+  q, k, v, log_decay, skip = gated._ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus)
+  _check_levels(level_weights, *x.shape[:3])
+  y, state = loglinear_decay_attention(
+      q, k, v, log_decay, level_weights, scale=scale, form=form, chunk_size=chunk_size,
+      initial_state=initial_state, return_state=True, segment_ids=segment_ids,
+      implementation=implementation)
+  y = (y + skip).astype(x.dtype)
+  return (y, state) if return_state else y
+
+
+def loglinear_ssd_step(x: Array, dt: Array, A: Array, B: Array, C: Array, level_weights: Array,
+                       state: tuple[Array, Array], D: Array | None = None, *,
+                       dt_bias: Array | None = None, dt_softplus: bool = False,
+                       scale: float | None = 1.0):
+  """One decoding step of :func:`loglinear_ssd`.
+
+  Args:
+    x: ``[batch, H, P]``; dt: ``[batch, H]``; A: ``[H]``; B, C: ``[batch, G, N]``;
+    level_weights: ``[batch, H, L]``; state: ``(S [batch, H, L, N, P],
+    position [batch])`` float32; D, dt_bias, dt_softplus, scale: as in :func:`loglinear_ssd`.
+
+  Returns:
+    ``(y, new_state)``: ``y`` ``[batch, H, P]`` in the dtype of ``x``.
+  """
+  common.check_rank("x", x, 3)
+  q, k, v, log_decay, skip = gated._ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus)
+  y, state = loglinear_decay_step(q, k, v, state, log_decay, level_weights, scale=scale)
+  return (y + skip).astype(x.dtype), state
+
+
+def loglinear_gla(q: Array, k: Array, v: Array, log_g: Array, level_weights: Array, *,
+                  scale: float | None = None, form: str = "chunk", chunk_size: int = 64,
+                  initial_state: tuple[Array, Array] | None = None, return_state: bool = False,
+                  segment_ids: Array | None = None, implementation: str | None = None):
+  """Log-linear GLA: :func:`~linear_attention.ops.gated.gla`'s per-channel decay with levels.
+
+  Args:
+    q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; log_g: ``[B, T, H, K]``
+      (``<= 0``); level_weights: ``[B, T, H, L]``; the rest as in
+      :func:`loglinear_decay_attention`.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+  """
+  b, t, h, dk, _ = common.check_qkv(q, k, v)
+  common.check_log_decay(log_g, b, t, h, dk, name="log_g", per_head=False)
+  return loglinear_decay_attention(
+      q, k, v, log_g, level_weights, scale=scale, form=form, chunk_size=chunk_size,
+      initial_state=initial_state, return_state=return_state, segment_ids=segment_ids,
+      implementation=implementation)
+
+
+def loglinear_gla_step(q: Array, k: Array, v: Array, state: tuple[Array, Array], log_g: Array,
+                       level_weights: Array, *, scale: float | None = None):
+  """One decoding step of :func:`loglinear_gla`: ``log_g [B, H, K]``, ``level_weights
+  [B, H, L]``, the state as in :func:`loglinear_decay_step`."""
+  b, h, dk, _ = common.check_step_qkv(q, k, v)
+  common.check_log_decay(log_g, b, h, dk, name="log_g", per_head=False)
+  return loglinear_decay_step(q, k, v, state, log_g, level_weights, scale=scale)
