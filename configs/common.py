@@ -16,7 +16,9 @@ Fields:
   train.*   steps, eval_every, eval_batches (0: the dataset's default), log_every, seed
             (parameter init), checkpoint_every, keep_checkpoints, async_checkpoints,
             early_stop_metric ("" off, "accuracy" or "loss") and early_stop_value (stop at
-            the first evaluation with accuracy >= / loss <= it).
+            the first evaluation with accuracy >= / loss <= it), steps_per_dispatch (training
+            steps fused into one jitted call, a ``lax.scan``; reduced to its gcd with the
+            logging, evaluation and checkpoint intervals; 1 = one call per step).
   mesh.*    data (devices on the data axis, -1 = all), fsdp (shard params and optimizer
             state over that axis instead of replicating them).
 """
@@ -92,7 +94,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       steps=1000, eval_every=250, eval_batches=0, log_every=50, seed=0,
       checkpoint_every=250, keep_checkpoints=2, async_checkpoints=True,
-      early_stop_metric="", early_stop_value=0.0))
+      early_stop_metric="", early_stop_value=0.0, steps_per_dispatch=10))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=False))
   return c
 

@@ -79,6 +79,18 @@ def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
 # ----------------------------------------------------------------------------- loss
 
 
+def first_argmax(logits: jax.Array) -> jax.Array:
+  """``jnp.argmax(logits, -1)`` (the first index of the maximum) for finite ``logits``.
+
+  XLA on CPU lowers ``argmax`` to a two-output (value, index) reduction that runs several
+  times slower than two plain reductions; over a vocabulary of 8192 it cost as much as the
+  head's matmul. Non-finite rows may differ from ``argmax`` (the loss is then non-finite too).
+  """
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  idx = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  return jnp.min(jnp.where(logits == top, idx, logits.shape[-1]), axis=-1)
+
+
 def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: str,
                      max_targets: int | None = None):
   """Masked cross-entropy.
@@ -110,18 +122,14 @@ def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: st
     w = jnp.ones(labels.shape, jnp.float32)
   logits = logits.astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  correct = (first_argmax(logits) == labels).astype(jnp.float32)
   loss_sum, weight = jnp.sum(ce * w), jnp.sum(w)
   loss = loss_sum / jnp.maximum(weight, 1.0)
   return loss, {"loss_sum": loss_sum, "correct": jnp.sum(correct * w), "weight": weight}
 
 
-def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None):
-  """Jitted train and eval steps on the flat ``(model, optimizer)`` state.
-
-  ``jax.jit`` over ``nnx.split`` state (rather than ``nnx.jit`` on the objects) gives explicit
-  in/out shardings (replicated or FSDP) and donates the old state's buffers.
-  """
+def _train_step_fn(graphdef, kind: str, max_targets: int | None):
+  """The un-jitted one-step update ``(state, batch) -> (state, metrics)``."""
 
   def train_step(state, batch):
     model, opt = nnx.merge(graphdef, state)
@@ -133,6 +141,17 @@ def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int |
            "grad_norm": gnorm, "finite": jnp.isfinite(loss) & jnp.isfinite(gnorm)}
     return nnx.state((model, opt)), out
 
+  return train_step
+
+
+def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None):
+  """Jitted train and eval steps on the flat ``(model, optimizer)`` state.
+
+  ``jax.jit`` over ``nnx.split`` state (rather than ``nnx.jit`` on the objects) gives explicit
+  in/out shardings (replicated or FSDP) and donates the old state's buffers.
+  """
+  train_step = _train_step_fn(graphdef, kind, max_targets)
+
   def eval_step(state, batch):
     model, _ = nnx.merge(graphdef, state)
     return loss_and_metrics(model, batch, kind, max_targets)[1]
@@ -141,6 +160,30 @@ def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int |
                   donate_argnums=0)
   evaluate = jax.jit(eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
   return train, evaluate
+
+
+def make_fused_steps(graphdef, kind: str, state_sh, batch_sh, repl,
+                     max_targets: int | None = None):
+  """A jitted ``(state, batches) -> (state, metrics)`` running one step per leading row.
+
+  ``batches`` is a batch with a leading steps axis (``[K, B, ...]``); the steps run in a
+  ``lax.scan`` inside one dispatch, so the host and the device meet once per ``K`` steps.
+  The metrics come back stacked (``[K]`` per name). The parameters after ``K`` fused steps
+  equal those of ``K`` calls of :func:`make_steps`' train step to float32 rounding (XLA may
+  fuse the scan body differently). ``batch_sh``: the sharding of one batch (rows over the
+  data axis), or None; the stacked batch adds an unsharded leading axis.
+  """
+  train_step = _train_step_fn(graphdef, kind, max_targets)
+
+  def train_many(state, batches):
+    return jax.lax.scan(train_step, state, batches)
+
+  stacked_sh = batch_sh
+  if isinstance(batch_sh, jax.sharding.NamedSharding):
+    stacked_sh = jax.sharding.NamedSharding(batch_sh.mesh,
+                                            jax.sharding.PartitionSpec(None, *batch_sh.spec))
+  return jax.jit(train_many, in_shardings=(state_sh, stacked_sh),
+                 out_shardings=(state_sh, repl), donate_argnums=0)
 
 
 _make_steps = make_steps  # the name experiments/bench_train.py uses
@@ -168,14 +211,16 @@ class TrainWindow:
     self._accuracy: list[float] = []
     self.restart_clock()
 
-  def add(self, step: int, metrics: dict) -> None:
-    """Queues the (device) metrics of ``step`` completed steps."""
-    self._pending.append((step, metrics))
-    self._steps += 1
+  def add(self, step: int, metrics: dict, num_steps: int = 1) -> None:
+    """Queues the (device) metrics of the steps that end with ``step`` completed steps:
+    scalars for one step, ``[num_steps]`` arrays (a fused dispatch) for several."""
+    self._pending.append((step, metrics, num_steps))
+    self._steps += num_steps
 
   @property
   def num_pending(self) -> int:
-    return len(self._pending)
+    """Steps whose metrics are still on the device."""
+    return sum(n for _, _, n in self._pending)
 
   @property
   def has_values(self) -> bool:
@@ -189,13 +234,16 @@ class TrainWindow:
     """
     if not self._pending:
       return
-    got = jax.device_get([m for _, m in self._pending])
-    for (step, _), m in zip(self._pending, got):
-      if not bool(m["finite"]):
-        raise NonFiniteLossError(non_finite_message(step, float(m["loss"]),
-                                                    float(m["grad_norm"]), self.checkpoint_dir))
-      self._loss.append(float(m["loss"]))
-      self._accuracy.append(float(m["accuracy"]))
+    got = jax.device_get([m for _, m, _ in self._pending])
+    for (last, _, n), ms in zip(self._pending, got):
+      rows = [ms] if n == 1 else [{k: v[i] for k, v in ms.items()} for i in range(n)]
+      for i, m in enumerate(rows):
+        if not bool(m["finite"]):
+          raise NonFiniteLossError(non_finite_message(last - n + 1 + i, float(m["loss"]),
+                                                      float(m["grad_norm"]),
+                                                      self.checkpoint_dir))
+        self._loss.append(float(m["loss"]))
+        self._accuracy.append(float(m["accuracy"]))
     self._pending = []
 
   def restart_clock(self) -> None:
@@ -219,6 +267,76 @@ class TrainWindow:
 
 
 
+def dispatch_steps(tcfg: Mapping[str, Any]) -> int:
+  """Training steps fused into one dispatch: ``train.steps_per_dispatch`` (1 when absent)
+  reduced to its greatest common divisor with the non-zero ``log_every``, ``eval_every`` and
+  ``checkpoint_every``, so that every step that logs, evaluates or saves ends a dispatch
+  (and only one fused length is ever compiled)."""
+  k = int(tcfg.get("steps_per_dispatch", 1))
+  for f in ("log_every", "eval_every", "checkpoint_every"):
+    if tcfg[f] > 0:
+      k = math.gcd(k, int(tcfg[f]))
+  return max(k, 1)
+
+
+def _put_steps(batches: Mapping[str, np.ndarray], mesh) -> dict:
+  """Places stacked host batches ``[K, B, ...]`` on the mesh, rows split over the data axis
+  (the steps axis is not split: every device runs every step on its rows)."""
+  out = {}
+  for k, v in batches.items():
+    sh = jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(None, sharding.DATA, *([None] * (v.ndim - 2))))
+    out[k] = jax.make_array_from_callback(v.shape, sh, lambda idx, v=v: v[idx])
+  return out
+
+
+class _HostBatches:
+  """The training batches of one chunk of steps, made on the host and checked.
+
+  With ``prefetch``, a background thread makes the next chunk (whose end ``chunk_end(step)``
+  gives) while the device runs the current one; since a batch is a pure function of
+  (seed, split, step), the batches are the same either way.
+  """
+
+  def __init__(self, ds, chunk_end, prefetch: bool):
+    self.ds, self.chunk_end = ds, chunk_end
+    self._pool = None
+    if prefetch:
+      from concurrent.futures import ThreadPoolExecutor
+      self._pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
+    self._next: tuple[int, int, Any] | None = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    if self._pool is not None:
+      self._pool.shutdown(wait=True, cancel_futures=True)
+
+  def _make(self, step: int, n: int) -> list[dict]:
+    return [self.ds.batch(s, split="train") for s in range(step, step + n)]
+
+  def get(self, step: int, n: int) -> list[dict]:
+    """The ``n`` batches of steps ``step .. step + n - 1``, checked.
+
+    Raises:
+      DataError: a batch holds an id outside the vocabulary (naming its step).
+    """
+    if self._next is not None and self._next[:2] == (step, n):
+      got = self._next[2].result()
+    else:
+      got = self._make(step, n)
+    self._next = None
+    for i, b in enumerate(got):
+      check_batch(b, self.ds, step + i, "train")
+    if self._pool is not None:
+      nxt = self.chunk_end(step + n)
+      if nxt > step + n:
+        self._next = (step + n, nxt - step - n,
+                      self._pool.submit(self._make, step + n, nxt - step - n))
+    return got
+
+
 def _check_config(config: ml_collections.ConfigDict) -> None:
   t = config.train
   if t.steps < 0:
@@ -226,6 +344,9 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   for f in ("log_every", "eval_every", "checkpoint_every"):
     if t[f] < 0:
       raise ValueError(f"config.train.{f} must be >= 0 (0 = never), got {t[f]}.")
+  spd = t.get("steps_per_dispatch", 1)
+  if isinstance(spd, bool) or not isinstance(spd, int) or spd < 1:
+    raise ValueError(f"config.train.steps_per_dispatch must be an int >= 1, got {spd!r}.")
   metric = t.get("early_stop_metric", "")
   if metric not in EARLY_STOP_METRICS:
     raise ValueError(f"config.train.early_stop_metric must be one of {list(EARLY_STOP_METRICS)}, "
@@ -450,19 +571,40 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   stopped_at, last_eval = None, None
   window = TrainWindow(ckpt.directory)
   last_train: dict[str, float] = {}
+  per_dispatch = dispatch_steps(tcfg)
+  fused_fn = (make_fused_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl,
+                               getattr(ds, "max_targets_per_row", None))
+              if per_dispatch > 1 else None)
+  compiled: set[str] = set()
+
+  def chunk_end(step: int) -> int:
+    # Chunks end at multiples of ``per_dispatch``, which divides every logging, evaluation
+    # and checkpoint interval: each step where something happens ends a chunk.
+    return min((step // per_dispatch + 1) * per_dispatch, total)
+
+  batches = _HostBatches(ds, chunk_end, prefetch=per_dispatch > 1)
 
   try:
-    with _SigtermFlag() as sigterm:
-      for step in range(start, total):
-        host_batch = ds.batch(step, split="train")
-        check_batch(host_batch, ds, step, "train")
-        batch = sharding.put_batch(host_batch, mesh)
-        state, m = train_fn(state, batch)
-        done = step + 1
-        window.add(done, m)
-        if done == start + 1:  # leave compilation out of tokens/s (the loss still counts)
+    with _SigtermFlag() as sigterm, batches:
+      step = start
+      while step < total:
+        done = chunk_end(step)
+        host = batches.get(step, done - step)
+        if done - step == per_dispatch > 1:
+          kind = "fused"
+          stacked = {k: np.stack([b[k] for b in host]) for k in host[0]}
+          state, m = fused_fn(state, _put_steps(stacked, mesh))
+          window.add(done, m, per_dispatch)
+        else:  # a chunk shorter than per_dispatch (a resumed or final one): one step at a time
+          kind = "single"
+          for i, one in enumerate(host):
+            state, m = train_fn(state, sharding.put_batch(one, mesh))
+            window.add(step + i + 1, m)
+        if kind not in compiled:  # leave compilation out of tokens/s (the loss still counts)
+          compiled.add(kind)
           window.drain()
           window.restart_clock()
+        step = done
         log_now = (tcfg.log_every and done % tcfg.log_every == 0) or done == total
         eval_now = bool(tcfg.eval_every and done % tcfg.eval_every == 0 and done != total)
         preempt = sigterm.set
