@@ -27,7 +27,7 @@ The variants here are thin maps onto it:
 Forms (all agree; the tests prove it):
 
 * ``recurrent``: ``lax.scan`` over tokens, the ``R`` sub-steps unrolled inside;
-  the reference, and what :func:`dplr_step` does for one token.
+  the reference, and what :func:`dplr_attention_step` does for one token.
 * ``parallel``: the explicit ``T' x T'`` form over the ``T' = T R`` sub-steps,
   with dense pairwise per-channel decays ``[T', T', K]`` and the inverse by
   forward substitution; quadratic, for short inputs.
@@ -116,7 +116,7 @@ def _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, d
   common.check_segment_ids(segment_ids, bsz, t)
 
 
-def dplr(
+def dplr_attention(
     q: Array,
     k: Array,
     v: Array,
@@ -343,7 +343,7 @@ def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c):
   return o.reshape(bsz, h, n * c, dv)[:, :, :t], state
 
 
-def dplr_step(
+def dplr_attention_step(
     q: Array,
     k: Array,
     v: Array,
@@ -354,7 +354,7 @@ def dplr_step(
     *,
     scale: float | None = None,
 ):
-  """One token of :func:`dplr`: decay and correct (``R`` sub-steps), write, read.
+  """One token of :func:`dplr_attention`: decay and correct (``R`` sub-steps), write, read.
 
   Args:
     q: ``[B, H, K]``; k, a, b: ``[B, H, K]`` or ``[B, H, R, K]``; v: ``[B, H, V]``
@@ -483,7 +483,7 @@ def rwkv7(
       :func:`rwkv7_bonus` after the norm.
     scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
-      segment_ids: as in :func:`dplr`.
+      segment_ids: as in :func:`dplr_attention`.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)`` with state
@@ -562,7 +562,7 @@ def kda(
     log_alpha: ``[B, T, H, K]`` per-channel log decay ``<= 0``, ``-inf``
       included (checked when concrete).
     scale, form, chunk_size, initial_state, return_state, segment_ids: as in
-      :func:`dplr`.
+      :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and ``k`` over ``K`` here.
 
   Returns:
@@ -663,7 +663,7 @@ def gated_deltaproduct(
     beta: ``[B, T, H, R]`` in ``[0, 2]`` (checked when concrete).
     log_decay: None or ``[B, T, H]`` (one gate per head and token), ``<= 0``.
     scale, form, chunk_size (tokens; ``R`` sub-steps each), initial_state,
-      return_state, segment_ids: as in :func:`dplr`.
+      return_state, segment_ids: as in :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and every ``k`` over ``K`` here.
 
   Returns:

@@ -60,14 +60,15 @@ def test_identities_with_the_delta_rule(form):
   want_plain = ops.deltanet(q, k, v, beta, **kw)
   gate = jnp.exp(g)[..., None]
   got = {
-      "dplr": ops.dplr(q, beta[..., None] * k, v, -beta[..., None] * k, gate * k, g, **kw),
+      "dplr": ops.dplr_attention(q, beta[..., None] * k, v, -beta[..., None] * k, gate * k, g,
+                                 **kw),
       "kda": ops.kda(q, k, v, beta, jnp.broadcast_to(g[..., None], k.shape), **kw),
       "deltaproduct": ops.gated_deltaproduct(q, k[:, :, :, None], v[:, :, :, None],
                                              beta[..., None], g, **kw),
   }
   for name, out in got.items():
     helpers.assert_tree_close(out, want_gated, 1e-5, 1e-5, f"{name} against gated_deltanet")
-  plain = ops.dplr(q, beta[..., None] * k, v, -beta[..., None] * k, k, **kw)
+  plain = ops.dplr_attention(q, beta[..., None] * k, v, -beta[..., None] * k, k, **kw)
   helpers.assert_tree_close(plain, want_plain, 1e-5, 1e-5, "dplr against deltanet")
   plain = ops.gated_deltaproduct(q, k[:, :, :, None], v[:, :, :, None], beta[..., None], **kw)
   helpers.assert_tree_close(plain, want_plain, 1e-5, 1e-5, "deltaproduct against deltanet")
@@ -134,14 +135,15 @@ def test_engine_general_rank_against_a_plain_scan(r):
   seg = jnp.asarray(np.stack([np.repeat([0, 1, 2], [25, 30, 15]), np.zeros(t, int)]), jnp.int32)
   want_o, want_s = _plain_engine(q, k, v, a, b, g, s0, seg, K**-0.5)
   for form in FORMS:
-    o, s = ops.dplr(q, k, v, a, b, g, form=form, chunk_size=64 // r, initial_state=s0,
+    o, s = ops.dplr_attention(q, k, v, a, b, g, form=form, chunk_size=64 // r, initial_state=s0,
                     return_state=True, segment_ids=seg)
     helpers.assert_close(o, want_o, 2e-4, 2e-4, form)
     helpers.assert_close(s, want_s, 2e-4, 2e-4, form)
   # The step function, token by token, from the same state (first 5 tokens, one segment).
   state = s0
   for i in range(5):
-    o_t, state = ops.dplr_step(q[:, i], k[:, i], v[:, i], a[:, i], b[:, i], state, g[:, i])
+    o_t, state = ops.dplr_attention_step(q[:, i], k[:, i], v[:, i], a[:, i], b[:, i], state,
+                                         g[:, i])
     helpers.assert_close(o_t, want_o[:, i], 2e-4, 2e-4, f"step {i}")
 
 
@@ -233,11 +235,11 @@ def test_bad_inputs_name_the_argument():
   q, k, v, a, b = _engine_inputs(6, t, 2)
   beta = jnp.full((B, t, H, 2), 0.5)
   cases = [
-      (lambda: ops.dplr(q, k, v, a[:, :, 0, 0], b), r"\ba must have shape"),
-      (lambda: ops.dplr(q, k, v, a, b[:, :, :, :1]), r"\bb must have shape"),
-      (lambda: ops.dplr(q, k[:, :, :, 0], v, a, b), r"\bk must have shape"),
-      (lambda: ops.dplr(q, k, v[:, :, :, 0], a, b), r"\bv must have shape"),
-      (lambda: ops.dplr(q, k, v, a, b, jnp.zeros((B, t, H, 2))), r"\blog_decay\b"),
+      (lambda: ops.dplr_attention(q, k, v, a[:, :, 0, 0], b), r"\ba must have shape"),
+      (lambda: ops.dplr_attention(q, k, v, a, b[:, :, :, :1]), r"\bb must have shape"),
+      (lambda: ops.dplr_attention(q, k[:, :, :, 0], v, a, b), r"\bk must have shape"),
+      (lambda: ops.dplr_attention(q, k, v[:, :, :, 0], a, b), r"\bv must have shape"),
+      (lambda: ops.dplr_attention(q, k, v, a, b, jnp.zeros((B, t, H, 2))), r"\blog_decay\b"),
       (lambda: ops.gated_deltaproduct(q, k[:, :, :, 0], v, beta), r"\bk must have shape"),
       (lambda: ops.gated_deltaproduct(q, k, v, beta[..., 0]), r"\bbeta must have shape"),
       (lambda: ops.gated_deltaproduct(q, k, v, 5.0 * beta), r"\bbeta must lie in"),
@@ -246,10 +248,11 @@ def test_bad_inputs_name_the_argument():
       (lambda: ops.kda(q, k[:, :, :, 0], v[:, :, :, 0], beta[..., 0], jnp.zeros((B, t, H))),
        r"\blog_alpha must have shape"),
       (lambda: ops.rwkv7(q, k[:, :, :, 0], v[:, :, :, 0], jnp.zeros((B, t, H, K)),
-                         a[:, :, :, 0], a[:, :, :, 0], jnp.zeros((K,))), r"\bbonus must have shape"),
+                         a[:, :, :, 0], a[:, :, :, 0], jnp.zeros((K,))),
+       r"\bbonus must have shape"),
       (lambda: ops.rwkv7(q, k[:, :, :, 0], v[:, :, :, 0], jnp.zeros((B, t, H, K)),
                          a[:, :, :, 0, :4], a[:, :, :, 0]), r"\bkappa must have shape"),
-      (lambda: ops.dplr_step(q[:, 0], k[:, 0], v[:, 0], a[:, 0, :, 0], b[:, 0],
+      (lambda: ops.dplr_attention_step(q[:, 0], k[:, 0], v[:, 0], a[:, 0, :, 0], b[:, 0],
                              jnp.zeros((B, H, K, V))), r"\bb must have shape"),
   ]
   for i, (call, match) in enumerate(cases):
