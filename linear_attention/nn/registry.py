@@ -102,6 +102,12 @@ SPECS: tuple[MixerSpec, ...] = (
               tiny=dict(block_size=2), studies=_s("listops")),
     MixerSpec("linformer", attention.LinformerAttention, "lowrank", causal=False,
               tiny=dict(max_len=17, proj_len=8), studies=_s("listops")),
+    MixerSpec("rwkv7", delta.RWKV7TimeMix, "delta", "data", letter="7",
+              tiny=dict(decay_low_rank=8, a_low_rank=8, gate_low_rank=8), studies=frozenset()),
+    MixerSpec("kda", delta.KimiDeltaAttention, "delta", "data", letter="Z",
+              tiny=dict(gate_low_rank=4), studies=frozenset()),
+    MixerSpec("gated_deltaproduct", delta.GatedDeltaProduct, "delta", "data", letter="Y",
+              tiny=dict(num_householder=2), studies=frozenset()),
 )
 
 # The order is the order of every selection; studies name their runs by position in it, so

@@ -30,8 +30,8 @@ from linear_attention.ops.delta import (
     gated_deltanet_step,
 )
 from linear_attention.ops.dplr import (
-    dplr,
-    dplr_step,
+    dplr_attention,
+    dplr_attention_step,
     gated_deltaproduct,
     gated_deltaproduct_step,
     kda,
