@@ -1,5 +1,6 @@
-"""Softmax-attention layers: exact (multi-head, grouped-query, RoPE), local
-(sliding window, Griffin's local attention), Longformer, BigBird and Linformer.
+"""Softmax-attention layers: exact (multi-head, grouped-query, RoPE), with a forget
+gate (Forgetting Transformer), local (sliding window, Griffin's local attention),
+Longformer, BigBird and Linformer.
 
 Shapes: ``x [B, T, D] -> [B, T, D]``; heads ``H``, key/value heads ``Hkv``
 (``H % Hkv == 0``), head dimension ``Dh``.
@@ -15,6 +16,7 @@ from jax import lax
 
 from linear_attention.nn import base
 from linear_attention.nn.mixer import check_positive
+from linear_attention.ops import common as common_ops
 from linear_attention.ops import lowrank as lowrank_ops
 from linear_attention.ops import softmax as softmax_ops
 from linear_attention.ops import sparse as sparse_ops
@@ -106,6 +108,12 @@ class SoftmaxAttention(base.Mixer):
     # Full cache: token t lives in slot t; slots up to pos are filled.
     return pos, jnp.arange(length) <= pos
 
+  def _decode_bias(self, x: Array, cache: dict, slot: Array) -> tuple[Array | None, dict]:
+    """A decoding step's logit bias ``[B, 1, H, L]`` (or None) and the cache entries it
+    updates; plain attention has none."""
+    del x, cache, slot
+    return None, {}
+
   def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
     """``x [B, D]`` -> ``(y [B, D], cache)``: append ``k, v`` and attend over the cache."""
     if not self.causal:
@@ -123,14 +131,70 @@ class SoftmaxAttention(base.Mixer):
     keys = lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), slot, 1)
     values = lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), slot, 1)
     scale = self.head_dim**-0.5
+    bias, extra = self._decode_bias(x, cache, slot)
     o, _ = softmax_ops.dense_attention_stats(
         q, base.repeat_kv(keys, self.groups).astype(q.dtype),
-        base.repeat_kv(values, self.groups).astype(q.dtype), visible[None, None, :], scale)
+        base.repeat_kv(values, self.groups).astype(q.dtype), visible[None, None, :], scale,
+        bias)
     y = self.o_proj(base.merge_heads(o[:, 0].astype(x.dtype)))
-    new = {**cache, "k": keys, "v": values, "pos": pos + 1}
+    new = {**cache, **extra, "k": keys, "v": values, "pos": pos + 1}
     if limit is not None:
       new["overflow"] = cache["overflow"] | (pos >= limit)
     return y, new
+
+
+class ForgettingAttention(SoftmaxAttention):
+  """Forgetting Attention (FoX, Lin et al. 2025): causal softmax attention with a forget gate.
+
+  Each head has a data-dependent forget gate ``f_t = sigmoid(w_h . x_t + b_h)``
+  (``fgate_proj``, with a bias); the logit of key ``j`` for query ``i`` gets
+  ``sum_{j < s <= i} log f_s``. No RoPE by default (the paper's FoX needs no
+  position embedding). The KV cache also stores each token's cumulative log
+  forget (``"log_forget" [B, L, H]``) and the running sum (``"total" [B, H]``),
+  both float32. This is the basic FoX layer (no output gate, QK-norm or
+  key/value shift of the "Pro" block).
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
+               head_dim: int | None = None, use_rope: bool = False,
+               rope_base: float = 10000.0, algorithm: str | None = None,
+               block_size: int = 128, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    super().__init__(d_model, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     causal=True, use_rope=use_rope, rope_base=rope_base, rngs=rngs,
+                     dtype=dtype, param_dtype=param_dtype)
+    softmax_ops.check_implementation(None, algorithm)
+    check_positive("block_size", block_size)
+    self.algorithm, self.block_size = algorithm, block_size
+    self.fgate_proj = base.dense(d_model, num_heads, use_bias=True, rngs=rngs, dtype=dtype,
+                                 param_dtype=param_dtype)
+
+  def _log_fgate(self, x: Array) -> Array:
+    """``x [..., D]`` -> ``log f [..., H]`` float32."""
+    return jax.nn.log_sigmoid(self.fgate_proj(x).astype(jnp.float32))
+
+  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``; ``segment_ids [B, T]`` packs sequences."""
+    b, t, _ = x.shape
+    q, k, v = self._qkv(x, base.positions_of(b, t, segment_ids))
+    o = softmax_ops.forgetting_attention(
+        q, base.repeat_kv(k, self.groups), base.repeat_kv(v, self.groups), self._log_fgate(x),
+        segment_ids=segment_ids, algorithm=self.algorithm, block_size=self.block_size)
+    return self.o_proj(base.merge_heads(o.astype(x.dtype)))
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """:meth:`SoftmaxAttention.init_cache` plus ``"log_forget" [B, L, H]`` and
+    ``"total" [B, H]``, float32 zeros."""
+    cache = super().init_cache(batch, max_len, dtype)
+    cache["log_forget"] = jnp.zeros((batch, max_len, self.num_heads), jnp.float32)
+    cache["total"] = jnp.zeros((batch, self.num_heads), jnp.float32)
+    return cache
+
+  def _decode_bias(self, x: Array, cache: dict, slot: Array) -> tuple[Array, dict]:
+    # The same floor as the sequence op, so a hard reset decodes as it trains.
+    total = cache["total"] + common_ops.floor_log_decay(self._log_fgate(x))
+    log_forget = lax.dynamic_update_index_in_dim(cache["log_forget"], total, slot, 1)
+    bias = softmax_ops.forgetting_step_bias(total, log_forget)
+    return bias, {"total": total, "log_forget": log_forget}
 
 
 class LocalAttention(SoftmaxAttention):

@@ -29,6 +29,22 @@ features underflow when ``|k|^2 * scale / 2`` exceeds about 100 (``|k|``
 about 40 at ``d = 64``), and an eager call warns when its normaliser
 underflowed. A positive key feature is at most ``exp(|w_r|^2 / 2)``, about
 ``exp(d/2)``, which fits float32 for head dimensions up to about 160.
+
+Polynomial maps (deterministic, for a small ``d`` such as 16):
+
+* ``taylor`` (Based, Arora et al. 2024): the second-order Taylor expansion of
+  ``exp(q.k / sqrt(d))``, ``phi(q).phi(k) = 1 + q.k / sqrt(d) + (q.k)^2 / (2d)``,
+  from ``phi(x) = [1, x / d^(1/4), (x x^T) / (sqrt(2) sqrt(d))]``. The kernel
+  is at least ``1/2`` (``1 + u + u^2/2 > 0``), so the normaliser never nears 0.
+* ``squared`` (ReBased's kernel, Aksenov et al. 2024):
+  ``phi(q).phi(k) = (q.k)^2 / d`` from ``phi(x) = (x x^T) / sqrt(d)``. ReBased
+  normalises ``q`` and ``k`` with a learnable affine LayerNorm first
+  (:func:`affine_layer_norm`; ``ops.rebased_attention``).
+
+Both store the symmetric ``x x^T`` as its upper triangle, off-diagonal entries
+times ``sqrt(2)``: the same dot products with ``d (d + 1) / 2`` features
+instead of ``d^2`` (``1 + d + d (d + 1) / 2 = 153`` for Taylor at ``d = 16``
+instead of 273), which shrinks the state ``[B, H, F, V + 1]`` by ~44%.
 """
 
 from __future__ import annotations
@@ -37,12 +53,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linear_attention.ops import common
 
 Array = jax.Array
 
-DETERMINISTIC_MAPS = ("elu", "relu", "identity")
+DETERMINISTIC_MAPS = ("elu", "relu", "identity", "taylor", "squared")
 RANDOM_MAPS = ("performer_trig", "performer_positive", "favor+")
 FEATURE_MAPS = DETERMINISTIC_MAPS + RANDOM_MAPS
 
@@ -91,6 +108,95 @@ def elu_features(x: Array) -> Array:
 def relu_features(x: Array) -> Array:
   """ReLU(x): non-negative, same width as ``x``."""
   return jax.nn.relu(x)
+
+
+def outer_features(x: Array) -> Array:
+  """The packed symmetric outer product: ``psi(x).psi(y) = (x.y)^2``.
+
+  Args:
+    x: ``[..., d]``.
+
+  Returns:
+    ``[..., d (d + 1) / 2]``: ``x_i x_j`` for ``i <= j``, off-diagonal entries
+    times ``sqrt(2)`` (each stands for the pair ``(i, j), (j, i)``).
+  """
+  d = x.shape[-1]
+  rows, cols = np.triu_indices(d)
+  weight = np.where(rows == cols, 1.0, math.sqrt(2.0)).astype(np.float32)
+  return x[..., rows] * x[..., cols] * jnp.asarray(weight, x.dtype)
+
+
+def taylor_features(x: Array) -> Array:
+  """Based's second-order Taylor features of ``exp(x.y / sqrt(d))``.
+
+  Args:
+    x: ``[..., d]``.
+
+  Returns:
+    ``[..., 1 + d + d (d + 1) / 2]`` features with
+    ``phi(x).phi(y) = 1 + x.y / sqrt(d) + (x.y)^2 / (2 d)``.
+  """
+  d = x.shape[-1]
+  ones = jnp.ones(x.shape[:-1] + (1,), x.dtype)
+  return jnp.concatenate(
+      [ones, x * d**-0.25, outer_features(x) * (2.0 * d) ** -0.5], axis=-1)
+
+
+def squared_features(x: Array) -> Array:
+  """ReBased's kernel features: ``phi(x).phi(y) = (x.y)^2 / d``.
+
+  Args:
+    x: ``[..., d]``.
+
+  Returns:
+    ``[..., d (d + 1) / 2]`` non-negative-kernel features (the ``1/d`` keeps
+    the state's magnitude independent of ``d``; it cancels when normalised).
+  """
+  return outer_features(x) * x.shape[-1] ** -0.5
+
+
+def feature_width(name: str, dim: int, num_features: int | None = None) -> int:
+  """The width ``F`` of ``apply_feature_map(name, x [..., dim])``.
+
+  ``num_features`` is ``m`` for the random maps (their projection's rows).
+  """
+  common.check_choice("feature_map", name, FEATURE_MAPS)
+  if name == "taylor":
+    return 1 + dim + dim * (dim + 1) // 2
+  if name == "squared":
+    return dim * (dim + 1) // 2
+  if name in DETERMINISTIC_MAPS:
+    return dim
+  m = default_num_features(dim) if num_features is None else num_features
+  return 2 * m if name == "performer_trig" else m
+
+
+def affine_layer_norm(x: Array, gamma: Array, beta: Array, eps: float = 1e-5) -> Array:
+  """LayerNorm over the last axis with a learnable scale and shift (ReBased's q/k norm).
+
+  Args:
+    x: ``[..., H, d]``.
+    gamma, beta: ``[d]`` (shared by the heads) or ``[H, d]`` (per head).
+    eps: added to the variance.
+
+  Returns:
+    ``gamma * (x - mean) / sqrt(var + eps) + beta`` in the accumulation dtype
+    (float32 for half-precision ``x``).
+
+  Raises:
+    ValueError: ``gamma`` or ``beta`` not ``[d]`` or ``[H, d]``, or not floating.
+  """
+  h, d = x.shape[-2:]
+  for name, p in (("gamma", gamma), ("beta", beta)):
+    common.check_float(name, p)
+    if tuple(jnp.shape(p)) not in ((d,), (h, d)):
+      raise ValueError(f"{name} must have shape [{d}] or [{h}, {d}] ([K] or [H, K]), got "
+                       f"{list(jnp.shape(p))}.")
+  acc = common.acc_dtype(x.dtype)
+  xf = x.astype(acc)
+  xf = xf - jnp.mean(xf, axis=-1, keepdims=True)
+  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+  return xf * gamma.astype(acc) + beta.astype(acc)
 
 
 def trig_features(x: Array, projection: Array, *, is_query: bool = False,
@@ -154,9 +260,15 @@ def apply_feature_map(name: str, x: Array, *, projection: Array | None = None,
 
   Random maps (``performer_trig``, ``performer_positive``, ``favor+``) need
   ``projection [m, d]``; the output width is ``d`` for ``elu``/``relu``/
-  ``identity``, ``2m`` for ``performer_trig`` and ``m`` for the positive maps.
+  ``identity``, ``1 + d + d (d + 1) / 2`` for ``taylor``, ``d (d + 1) / 2``
+  for ``squared``, ``2m`` for ``performer_trig`` and ``m`` for the positive
+  maps (:func:`feature_width`).
   """
   common.check_choice("feature_map", name, FEATURE_MAPS)
+  if name == "taylor":
+    return taylor_features(x)
+  if name == "squared":
+    return squared_features(x)
   if name == "elu":
     return elu_features(x)
   if name == "relu":

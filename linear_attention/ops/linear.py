@@ -1,4 +1,5 @@
-"""Kernelized linear attention (Katharopoulos et al. 2020; Performer, Choromanski et al. 2020).
+"""Kernelized linear attention (Katharopoulos et al. 2020; Performer, Choromanski et al. 2020;
+Based, Arora et al. 2024; ReBased, Aksenov et al. 2024).
 
 Causal, normalised::
 
@@ -11,6 +12,10 @@ the engine's state for an extra value column of ones, so the state is
 recurrence serves numerator and denominator. Non-causal attention uses one
 global ``S`` and ``z`` (O(T)); with packed segments it adds a forward and a
 reversed causal pass and subtracts the diagonal, still O(T).
+
+Based is this op with ``feature_map="taylor"`` on small (e.g. 16-dim) q and k;
+ReBased (:func:`rebased_attention`) normalises q and k with a learnable affine
+LayerNorm and uses ``feature_map="squared"``.
 """
 
 from __future__ import annotations
@@ -134,8 +139,9 @@ def linear_attention(
 
   Args:
     q, k: ``[B, T, H, D]``; v: ``[B, T, H, V]``.
-    feature_map: one of ``elu`` (ELU+1), ``relu``, ``identity``,
-      ``performer_trig`` (random Fourier features), ``performer_positive``
+    feature_map: one of ``elu`` (ELU+1), ``relu``, ``identity``, ``taylor``
+      (Based's second-order Taylor map of ``exp(q.k / sqrt(D))``), ``squared``
+      (``(q.k)^2 / D``, ReBased's kernel), ``performer_trig`` (random Fourier features), ``performer_positive``
       (positive random features, iid) or ``favor+`` (positive orthogonal
       random features with the query stabiliser). Normalised calls without
       ``initial_state``/``return_state`` also shift the positive key features
@@ -269,3 +275,69 @@ def linear_attention_step(
   out, state = decay.decay_linear_attention_step(phi_q, phi_k, vv, state, scale=engine_scale)
   o = _divide(out, eps) if normalize else out
   return o.astype(q.dtype), state
+
+
+def _rebased_qk(q, k, gamma, beta, eps):
+  """ReBased's normalised q and k (already checked), back in their dtype."""
+  norm = lambda x: fm.affine_layer_norm(x, gamma, beta, eps).astype(x.dtype)
+  return norm(q), norm(k)
+
+
+def rebased_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    gamma: Array,
+    beta: Array,
+    *,
+    causal: bool = True,
+    norm_eps: float = 1e-5,
+    eps: float = DEFAULT_EPS,
+    form: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+    implementation: str | None = None,
+):
+  """ReBased attention: ``phi(x) = (LN_{gamma,beta}(x) LN_{gamma,beta}(x)^T) / sqrt(D)``.
+
+  q and k go through one LayerNorm with a learnable scale ``gamma`` and shift
+  ``beta`` (shared by q and k, as in the paper), then the ``squared`` feature
+  map, so the normalised attention weight of key ``j`` for query ``t`` is
+  proportional to ``(q~_t . k~_j)^2``.
+
+  Args:
+    q, k: ``[B, T, H, D]`` (``D`` small, e.g. 16: the features are
+      ``D (D + 1) / 2``); v: ``[B, T, H, V]``.
+    gamma, beta: ``[D]`` or ``[H, D]``.
+    causal, eps, form, chunk_size, initial_state, return_state, segment_ids,
+      implementation: as in :func:`linear_attention` (the normaliser is
+      always on; ``initial_state`` is ``[B, H, D (D + 1) / 2, V + 1]``).
+    norm_eps: the LayerNorm's variance epsilon.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+  """
+  common.check_qkv(q, k, v)
+  qn, kn = _rebased_qk(q, k, gamma, beta, norm_eps)
+  return linear_attention(
+      qn, kn, v, feature_map="squared", causal=causal, eps=eps, form=form,
+      chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
+      segment_ids=segment_ids, implementation=implementation)
+
+
+def rebased_attention_step(q: Array, k: Array, v: Array, state: Array, gamma: Array,
+                           beta: Array, *, norm_eps: float = 1e-5, eps: float = DEFAULT_EPS):
+  """One causal decoding step of :func:`rebased_attention`.
+
+  Args:
+    q, k: ``[B, H, D]``; v: ``[B, H, V]``; state: ``[B, H, D (D + 1) / 2, V + 1]``
+      (zeros for an empty context); gamma, beta: ``[D]`` or ``[H, D]``.
+
+  Returns:
+    ``(o, new_state)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
+  """
+  common.check_step_qkv(q, k, v)
+  qn, kn = _rebased_qk(q, k, gamma, beta, norm_eps)
+  return linear_attention_step(qn, kn, v, state, feature_map="squared", eps=eps)

@@ -34,6 +34,15 @@ one) gives a zero output and no NaN anywhere. Softmax statistics and
 accumulation are float32 (wider for float64 inputs); outputs come back in the
 input dtype.
 
+Forgetting Attention (FoX, Lin et al. 2025), :func:`forgetting_attention`,
+is causal softmax attention whose logits get a data-dependent decay bias
+``sum_{j < s <= i} log f_s = D_i - D_j`` with ``D`` the cumulative sum of the
+per-head log forget gates. Both algorithms take it through one hook (a
+per-position ``q_bias_i - k_bias_j`` added to the logits, with its gradient in
+the blockwise backward), so it keeps their ``O(T)`` memory and packing;
+:func:`forgetting_attention_step` decodes with a KV cache that also stores
+each key's ``D``. The Pallas kernel does not take the bias yet.
+
 Segments: ``segment_ids`` ``[B, T]`` packs sequences in a row. As in every op
 of this package, a segment is a maximal run of equal ids (``common.segment_index``);
 a query sees only keys of its own run.
@@ -44,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -135,10 +145,16 @@ class BlockMask:
     return lo, hi
 
 
-def _block_logits(mask: BlockMask, scale: float, qi, kj, qpi, kpj, qsi, ksj):
-  """Masked float32 logits ``[B, bq, H, bk]`` and the mask ``[B, bq, 1, bk]``."""
+def _block_logits(mask: BlockMask, scale: float, qi, kj, qpi, kpj, qsi, ksj, bqi=None, bkj=None):
+  """Masked float32 logits ``[B, bq, H, bk]`` and the mask ``[B, bq, 1, bk]``.
+
+  ``bqi [B, bq, H]``, ``bkj [B, bk, H]`` (both or neither): the logit of a
+  pair gets ``bqi - bkj`` added (the forgetting bias ``D_i - D_j``).
+  """
   acc = common.acc_dtype(qi.dtype)
   s = jnp.einsum("bqhd,bkhd->bqhk", qi, kj, preferred_element_type=acc) * scale
+  if bqi is not None:
+    s = s + (bqi[:, :, :, None] - jnp.swapaxes(bkj, 1, 2)[:, None, :, :])
   ok = (qsi[:, :, None] == ksj[:, None, :]) & mask.visible(qpi, kpj)
   ok = ok[:, :, None, :]
   return jnp.where(ok, s, MASK_VALUE), ok
@@ -156,11 +172,15 @@ def _unblocks(x: Array) -> Array:
   return jnp.moveaxis(x, 0, 1).reshape(b, n * size, *x.shape[3:])
 
 
-def _take(x: Array, j, size: int) -> Array:
-  return lax.dynamic_slice_in_dim(x, j * size, size, axis=1)
+def _take(x: Array | None, j, size: int) -> Array | None:
+  return None if x is None else lax.dynamic_slice_in_dim(x, j * size, size, axis=1)
 
 
-def _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
+def _blocks_or_none(x: Array | None, size: int) -> Array | None:
+  return None if x is None else _blocks(x, size)
+
+
+def _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_bias):
   b, tq, h, _ = q.shape
   dv = v.shape[-1]
   bq, bk = mask.block_q, mask.block_k
@@ -168,12 +188,12 @@ def _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
   acc = common.acc_dtype(q.dtype)
 
   def query_block(args):
-    i, qi, qpi, qsi = args
+    i, qi, qpi, qsi, bqi = args
 
     def body(j, carry):
       m, l, o = carry
       s, ok = _block_logits(mask, scale, qi, _take(k, j, bk), qpi, _take(k_pos, j, bk),
-                            qsi, _take(k_seg, j, bk))
+                            qsi, _take(k_seg, j, bk), bqi, _take(k_bias, j, bk))
       m_new = jnp.maximum(m, jnp.max(s, axis=-1))
       # Explicit zeros: a fully masked row has m_new == MASK_VALUE and exp(0) = 1.
       p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
@@ -191,22 +211,24 @@ def _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
     return o / l[..., None], jnp.where(seen, m + jnp.log(l), MASK_VALUE)
 
   o, lse = lax.map(query_block, (jnp.arange(nq), _blocks(q, bq), _blocks(q_pos, bq),
-                                 _blocks(q_seg, bq)))
+                                 _blocks(q_seg, bq), _blocks_or_none(q_bias, bq)))
   return _unblocks(o), _unblocks(lse)
 
 
+# q_bias/k_bias ([B, T, H] float32 or None) add q_bias_i - k_bias_j to the logits.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
-  return _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg)
+def _flash(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_bias):
+  return _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_bias)
 
 
-def _flash_fwd(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg):
-  o, lse = _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg)
-  return (o, lse), (q, k, v, q_pos, k_pos, q_seg, k_seg, o, lse)
+def _flash_fwd(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_bias):
+  o, lse = _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_bias)
+  return (o, lse), (q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_bias, o, lse)
 
 
 def _flash_bwd(mask, scale, res, cotangents):
-  q, k, v, q_pos, k_pos, q_seg, k_seg, o, lse = res
+  q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_bias, o, lse = res
+  biased = q_bias is not None
   do, dlse = cotangents
   acc = o.dtype
   bq, bk = mask.block_q, mask.block_k
@@ -215,47 +237,59 @@ def _flash_bwd(mask, scale, res, cotangents):
   # d lse_i / d s_ij = p_ij, so a log-sum-exp cotangent just shifts the row term.
   delta = jnp.sum(do * o, axis=-1) - dlse.astype(acc)
 
-  def probs(qi, kj, qpi, kpj, qsi, ksj, lse_i):
-    s, ok = _block_logits(mask, scale, qi, kj, qpi, kpj, qsi, ksj)
+  def probs(qi, kj, qpi, kpj, qsi, ksj, lse_i, bqi, bkj):
+    s, ok = _block_logits(mask, scale, qi, kj, qpi, kpj, qsi, ksj, bqi, bkj)
     return jnp.where(ok, jnp.exp(s - lse_i[..., None]), 0.0)
 
+  # d logit_ij / d q_bias_i = 1 and / d k_bias_j = -1 (unscaled): the bias
+  # cotangents are the row and column sums of ds.
   def dq_block(args):
-    i, qi, qpi, qsi, doi, lse_i, delta_i = args
+    i, qi, qpi, qsi, doi, lse_i, delta_i, bqi = args
 
-    def body(j, dq):
+    def body(j, carry):
+      dq, dbq = carry
       kj, vj = _take(k, j, bk).astype(acc), _take(v, j, bk).astype(acc)
-      p = probs(qi, kj, qpi, _take(k_pos, j, bk), qsi, _take(k_seg, j, bk), lse_i)
+      p = probs(qi, kj, qpi, _take(k_pos, j, bk), qsi, _take(k_seg, j, bk), lse_i,
+                bqi, _take(k_bias, j, bk))
       dp = jnp.einsum("bqhd,bkhd->bqhk", doi, vj)
       ds = p * (dp - delta_i[..., None])
-      return dq + jnp.einsum("bqhk,bkhd->bqhd", ds, kj)
+      dbq = dbq + jnp.sum(ds, axis=-1) if biased else dbq
+      return dq + jnp.einsum("bqhk,bkhd->bqhd", ds, kj), dbq
 
     lo, hi = mask.key_blocks(i, nk)
-    return lax.fori_loop(lo, hi, body, jnp.zeros(qi.shape, acc)) * scale
+    dq, dbq = lax.fori_loop(lo, hi, body, (jnp.zeros(qi.shape, acc), jnp.zeros(lse_i.shape, acc)))
+    return dq * scale, dbq
 
   def dkv_block(args):
-    j, kj, vj, kpj, ksj = args
+    j, kj, vj, kpj, ksj, bkj = args
     kj, vj = kj.astype(acc), vj.astype(acc)
 
     def body(i, carry):
-      dk, dv = carry
+      dk, dv, dbk = carry
       qi, doi = _take(q, i, bq).astype(acc), _take(do, i, bq)
-      p = probs(qi, kj, _take(q_pos, i, bq), kpj, _take(q_seg, i, bq), ksj, _take(lse, i, bq))
+      p = probs(qi, kj, _take(q_pos, i, bq), kpj, _take(q_seg, i, bq), ksj, _take(lse, i, bq),
+                _take(q_bias, i, bq), bkj)
       dv = dv + jnp.einsum("bqhk,bqhd->bkhd", p, doi)
       dp = jnp.einsum("bqhd,bkhd->bqhk", doi, vj)
       ds = p * (dp - _take(delta, i, bq)[..., None])
-      return dk + jnp.einsum("bqhk,bqhd->bkhd", ds, qi), dv
+      dbk = dbk - jnp.swapaxes(jnp.sum(ds, axis=1), 1, 2) if biased else dbk
+      return dk + jnp.einsum("bqhk,bqhd->bkhd", ds, qi), dv, dbk
 
     lo, hi = mask.query_blocks(j, nq)
-    dk, dv = lax.fori_loop(lo, hi, body, (jnp.zeros(kj.shape, acc), jnp.zeros(vj.shape, acc)))
-    return dk * scale, dv
+    zeros = (jnp.zeros(kj.shape, acc), jnp.zeros(vj.shape, acc), jnp.zeros(kj.shape[:3], acc))
+    dk, dv, dbk = lax.fori_loop(lo, hi, body, zeros)
+    return dk * scale, dv, dbk
 
-  dq = lax.map(dq_block, (jnp.arange(nq), _blocks(q.astype(acc), bq), _blocks(q_pos, bq),
-                          _blocks(q_seg, bq), _blocks(do, bq), _blocks(lse, bq),
-                          _blocks(delta, bq)))
-  dk, dv = lax.map(dkv_block, (jnp.arange(nk), _blocks(k, bk), _blocks(v, bk),
-                               _blocks(k_pos, bk), _blocks(k_seg, bk)))
+  dq, dbq = lax.map(dq_block, (jnp.arange(nq), _blocks(q.astype(acc), bq), _blocks(q_pos, bq),
+                               _blocks(q_seg, bq), _blocks(do, bq), _blocks(lse, bq),
+                               _blocks(delta, bq), _blocks_or_none(q_bias, bq)))
+  dk, dv, dbk = lax.map(dkv_block, (jnp.arange(nk), _blocks(k, bk), _blocks(v, bk),
+                                    _blocks(k_pos, bk), _blocks(k_seg, bk),
+                                    _blocks_or_none(k_bias, bk)))
+  bias_grads = ((_unblocks(dbq).astype(q_bias.dtype), _unblocks(dbk).astype(k_bias.dtype))
+                if biased else (None, None))
   return (_unblocks(dq).astype(q.dtype), _unblocks(dk).astype(k.dtype),
-          _unblocks(dv).astype(v.dtype), None, None, None, None)
+          _unblocks(dv).astype(v.dtype), None, None, None, None) + bias_grads
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -264,8 +298,9 @@ _flash_jit = jax.jit(_flash, static_argnums=(0, 1))
 
 
 def flash_attention_stats(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array,
-                          q_seg: Array, k_seg: Array, *, mask: BlockMask,
-                          scale: float) -> tuple[Array, Array]:
+                          q_seg: Array, k_seg: Array, *, mask: BlockMask, scale: float,
+                          q_bias: Array | None = None,
+                          k_bias: Array | None = None) -> tuple[Array, Array]:
   """Blockwise (online-softmax) attention returning its output and log-sum-exp.
 
   Pads queries and keys to their block sizes (padding is invisible) and slices
@@ -280,31 +315,48 @@ def flash_attention_stats(q: Array, k: Array, v: Array, q_pos: Array, k_pos: Arr
       has) to hide a key.
     mask: which blocks and pairs are visited (static).
     scale: logit scale.
+    q_bias, k_bias: optional ``[B, Tq, H]`` and ``[B, Tk, H]`` (both or
+      neither): the logit of pair ``(i, j)`` gets ``q_bias_i - k_bias_j`` added
+      after scaling (Forgetting Attention's ``D_i - D_j``). Differentiable;
+      they are computed in the accumulation dtype.
 
   Returns:
     ``(o, lse)``: ``o`` ``[B, Tq, H, V]`` and ``lse`` ``[B, Tq, H]``, both in the
     accumulation dtype (float32 for bfloat16 inputs). A query that sees no key
     gets ``o = 0`` and ``lse = MASK_VALUE``.
   """
+  if (q_bias is None) != (k_bias is None):
+    raise ValueError("q_bias and k_bias go together: pass both or neither, got "
+                     f"q_bias={'None' if q_bias is None else 'an array'} and "
+                     f"k_bias={'None' if k_bias is None else 'an array'}.")
   tq, tk = q.shape[1], k.shape[1]
+  if q_bias is not None:
+    acc = common.acc_dtype(q.dtype)
+    common.check_shape("q_bias", q_bias, q.shape[:3], "[B, Tq, H]")
+    common.check_shape("k_bias", k_bias, k.shape[:3], "[B, Tk, H]")
+    q_bias = common.pad_axis(q_bias.astype(acc), mask.block_q)
+    k_bias = common.pad_axis(k_bias.astype(acc), mask.block_k)
   q, q_pos = common.pad_axis(q, mask.block_q), common.pad_axis(q_pos, mask.block_q)
   q_seg = common.pad_axis(q_seg, mask.block_q, value=PAD_QUERY_SEG)
   k, v = common.pad_axis(k, mask.block_k), common.pad_axis(v, mask.block_k)
   k_pos = common.pad_axis(k_pos, mask.block_k)
   k_seg = common.pad_axis(k_seg, mask.block_k, value=PAD_KEY_SEG)
   o, lse = _flash_jit(mask, float(scale), q, k, v, q_pos.astype(jnp.int32),
-                      k_pos.astype(jnp.int32), q_seg.astype(jnp.int32), k_seg.astype(jnp.int32))
+                      k_pos.astype(jnp.int32), q_seg.astype(jnp.int32), k_seg.astype(jnp.int32),
+                      q_bias, k_bias)
   return o[:, :tq], lse[:, :tq]
 
 
 def dense_attention_stats(q: Array, k: Array, v: Array, visible: Array,
-                          scale: float) -> tuple[Array, Array]:
+                          scale: float, bias: Array | None = None) -> tuple[Array, Array]:
   """One masked softmax over an explicit key set; differentiable by autodiff.
 
   Args:
     q: ``[..., Tq, H, K]``; k: ``[..., Tk, H, K]``; v: ``[..., Tk, H, V]``.
     visible: bool, broadcastable to ``[..., Tq, Tk]`` (shared by all heads).
     scale: logit scale.
+    bias: optional logit bias broadcastable to ``[..., Tq, H, Tk]``, added after
+      the scale (Forgetting Attention's ``D_i - D_j``).
 
   Returns:
     ``(o, lse)``: ``[..., Tq, H, V]`` and ``[..., Tq, H]`` in the accumulation
@@ -315,6 +367,8 @@ def dense_attention_stats(q: Array, k: Array, v: Array, visible: Array,
   # XLA may fold it into the max and the exp separately, and for logits near
   # 1e12 the two roundings differ by more than exp's range (inf or 0 = NaN).
   s = jnp.einsum("...qhd,...khd->...qhk", q.astype(acc) * scale, k, preferred_element_type=acc)
+  if bias is not None:
+    s = s + bias.astype(acc)
   ok = visible[..., :, None, :]
   s = jnp.where(ok, s, MASK_VALUE)
   # The max only stabilises exp; its gradient would cancel, so it is stopped.
@@ -356,18 +410,22 @@ def positions(batch: int, seq: int) -> Array:
 
 def self_attention_stats(q: Array, k: Array, v: Array, segment_ids: Array | None, *,
                          scale: float, block_size: int, causal: bool,
-                         window: int | None = None) -> tuple[Array, Array]:
+                         window: int | None = None,
+                         log_forget: Array | None = None) -> tuple[Array, Array]:
   """:func:`flash_attention_stats` for self-attention (aligned blocks of ``block_size``).
 
   Shapes as in :func:`flash_attention_stats` with ``Tq = Tk = T``;
-  ``block_size`` is capped at ``T``.
+  ``block_size`` is capped at ``T``. ``log_forget`` ``[B, T, H]``: the
+  cumulative log forget gates ``D`` (:func:`forget_cumsum`); pair ``(i, j)``
+  gets ``D_i - D_j`` added to its logit.
   """
   b, t = q.shape[:2]
   pos = positions(b, t)
   seg = segment_or_zeros(segment_ids, b, t)
   bs = min(block_size, t)
   mask = BlockMask(bs, bs, causal=causal, window=window)
-  return flash_attention_stats(q, k, v, pos, pos, seg, seg, mask=mask, scale=scale)
+  return flash_attention_stats(q, k, v, pos, pos, seg, seg, mask=mask, scale=scale,
+                               q_bias=log_forget, k_bias=log_forget)
 
 
 # ---------------------------------------------------------------------------
@@ -375,13 +433,16 @@ def self_attention_stats(q: Array, k: Array, v: Array, segment_ids: Array | None
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "causal"))
-def _naive(q, k, v, segment_ids, scale, causal):
+def _naive(q, k, v, segment_ids, scale, causal, log_forget=None):
   b, t = q.shape[:2]
   seg = segment_or_zeros(segment_ids, b, t)
   visible = seg[:, :, None] == seg[:, None, :]
   if causal:
     visible &= jnp.tril(jnp.ones((t, t), bool))
-  o, _ = dense_attention_stats(q, k, v, visible, scale)
+  # The forgetting bias D_i - D_j, laid out [B, Tq, H, Tk] like the logits.
+  bias = None if log_forget is None else (
+      log_forget[:, :, :, None] - jnp.swapaxes(log_forget, 1, 2)[:, None, :, :])
+  o, _ = dense_attention_stats(q, k, v, visible, scale, bias)
   return o
 
 
@@ -482,3 +543,161 @@ def pallas_attention(q: Array, k: Array, v: Array, *, causal: bool, scale: float
     raise ValueError(f"implementation='pallas' does not support {name}: {why}.")
   return flash_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
                          window=window)
+
+
+# ---------------------------------------------------------------------------
+# Forgetting Attention (FoX).
+
+
+def forget_cumsum(log_fgate: Array) -> Array:
+  """``D [B, T, H]``: the cumulative sum over ``T`` of the log forget gates, float32.
+
+  Gates below :func:`~linear_attention.ops.common.log_zero` (``-inf``
+  included, a hard reset) are floored there first: a difference ``D_i - D_j``
+  across one is then at most ``-155``, whose ``exp`` is 0 in float32 next to
+  any key within 50 logits of the row's largest, while ``-inf - -inf`` would
+  be NaN. The floor's gradient below it is 0, as for an exact zero gate.
+  """
+  g = log_fgate.astype(common.acc_dtype(log_fgate.dtype))
+  return jnp.cumsum(common.floor_log_decay(g), axis=1)
+
+
+def forgetting_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    log_fgate: Array,
+    *,
+    scale: float | None = None,
+    segment_ids: Array | None = None,
+    implementation: str | None = None,
+    algorithm: str | None = None,
+    block_size: int = 128,
+) -> Array:
+  """Forgetting Attention (FoX): causal softmax attention with a forget gate per head.
+
+  ``o_i = sum_{j <= i} softmax_j(scale * q_i . k_j + D_i - D_j) v_j`` with
+  ``D_i = sum_{s <= i} log f_s``: key ``j`` is down-weighted by the product of
+  the forget gates after it, ``prod_{j < s <= i} f_s``. With every gate 1
+  (``log_fgate = 0``) it is causal :func:`softmax_attention`.
+
+  Args:
+    q: ``[B, T, H, K]``; k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
+    log_fgate: ``[B, T, H]`` log forget gates ``log f_t <= 0`` (e.g.
+      ``jax.nn.log_sigmoid`` of a projection), any float dtype; ``-inf`` is a
+      hard reset (see :func:`forget_cumsum`). The sign is checked for concrete
+      values (``ops.common.log_decay_checks`` under ``jit``).
+    scale: logit scale; ``None`` means ``K ** -0.5``.
+    segment_ids: optional ``[B, T]`` ints; a query sees only keys of its own
+      segment (nothing crosses a boundary, the forgetting bias included).
+    implementation: ``None`` or ``"xla"`` (``"pallas"`` raises: the flash
+      kernel does not take the forgetting bias yet).
+    algorithm: ``"naive"`` (dense ``T x T`` logits), ``"blockwise"`` (online
+      softmax, ``O(T)`` memory, custom backward) or ``None``: naive for
+      ``T <= NAIVE_MAX_LEN``, blockwise above.
+    block_size: the blockwise path's block length (capped at ``T``).
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``; statistics and accumulation
+    in float32 (``D`` too, whatever the gates' dtype).
+  """
+  b, t, h, dk, _ = common.check_attention(q, k, v, segment_ids)
+  common.check_log_decay(log_fgate, b, t, h, dk, name="log_fgate", per_channel=False)
+  implementation, algorithm = check_implementation(implementation, algorithm)
+  if implementation == "pallas":
+    raise ValueError("forgetting_attention has no Pallas kernel yet: implementation must be "
+                     "None or 'xla', got 'pallas'.")
+  common.check_positive_int("block_size", block_size)
+  scale = common.resolve_scale(scale, dk)
+  d = forget_cumsum(log_fgate)
+  if algorithm is None:
+    algorithm = "naive" if t <= NAIVE_MAX_LEN else "blockwise"
+  if algorithm == "naive":
+    o = _naive(q, k, v, segment_ids, scale=float(scale), causal=True, log_forget=d)
+  else:
+    o, _ = self_attention_stats(q, k, v, segment_ids, scale=scale, block_size=block_size,
+                                causal=True, log_forget=d)
+  return o.astype(q.dtype)
+
+
+class ForgettingCache(NamedTuple):
+  """Decoding cache of :func:`forgetting_attention_step` (a pytree).
+
+  Attributes:
+    keys: ``[B, L, H, K]``; slot ``t`` holds token ``t``.
+    values: ``[B, L, H, V]``.
+    log_forget: ``[B, L, H]`` float32, ``D_t`` of each cached token.
+    total: ``[B, H]`` float32, ``D`` after the last token written.
+    length: int32 scalar, tokens written so far (the same for every row).
+  """
+
+  keys: Array
+  values: Array
+  log_forget: Array
+  total: Array
+  length: Array
+
+
+def init_forgetting_cache(batch: int, heads: int, max_len: int, key_dim: int,
+                          value_dim: int, dtype=jnp.float32) -> ForgettingCache:
+  """An empty :class:`ForgettingCache` for up to ``max_len`` tokens.
+
+  ``keys`` and ``values`` take ``dtype``; ``log_forget`` and ``total`` are float32.
+  """
+  for name, x in (("batch", batch), ("heads", heads), ("max_len", max_len),
+                  ("key_dim", key_dim), ("value_dim", value_dim)):
+    common.check_positive_int(name, x)
+  return ForgettingCache(jnp.zeros((batch, max_len, heads, key_dim), dtype),
+                         jnp.zeros((batch, max_len, heads, value_dim), dtype),
+                         jnp.zeros((batch, max_len, heads), jnp.float32),
+                         jnp.zeros((batch, heads), jnp.float32), jnp.zeros((), jnp.int32))
+
+
+def forgetting_step_bias(total: Array, log_forget: Array) -> Array:
+  """The one-query forgetting bias ``D_t - D_j``: ``[B, H]``, ``[B, L, H]`` -> ``[B, 1, H, L]``."""
+  return (total[:, :, None] - jnp.swapaxes(log_forget, 1, 2))[:, None]
+
+
+def forgetting_attention_step(q: Array, k: Array, v: Array, log_fgate: Array,
+                              cache: ForgettingCache, *, scale: float | None = None):
+  """One decoding step of :func:`forgetting_attention`.
+
+  Adds the gate to the running ``D``, writes ``k, v`` and ``D`` at slot
+  ``cache.length`` and attends ``q`` over the tokens so far, itself included.
+  Stepping through a sequence equals ``forgetting_attention`` on it.
+
+  Args:
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``; log_fgate: ``[B, H]`` (``<= 0``).
+    cache: from :func:`init_forgetting_cache` with ``max_len`` at least the
+      number of tokens to decode. Past it an eager call raises; under ``jit``
+      the position cannot be checked and the last slot is overwritten.
+    scale: logit scale; ``None`` means ``K ** -0.5``.
+
+  Returns:
+    ``(o, new_cache)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
+  """
+  b, h, dk, dv = common.check_step_qkv(q, k, v)
+  common.check_log_decay(log_fgate, b, h, dk, name="log_fgate", per_channel=False)
+  if not isinstance(cache, ForgettingCache):
+    raise ValueError("cache must be a ForgettingCache (from init_forgetting_cache), got "
+                     f"{type(cache).__name__}.")
+  length = cache.keys.shape[1]
+  common.check_shape("cache.keys", cache.keys, (b, length, h, dk), "[B, max_len, H, K]")
+  common.check_shape("cache.values", cache.values, (b, length, h, dv), "[B, max_len, H, V]")
+  common.check_shape("cache.log_forget", cache.log_forget, (b, length, h), "[B, max_len, H]")
+  common.check_shape("cache.total", cache.total, (b, h), "[B, H]")
+  pos = common.concrete(cache.length)
+  if pos is not None and pos >= length:
+    raise ValueError(f"cache is full: it holds max_len={length} tokens and {int(pos)} were "
+                     "written; make it with a larger max_len.")
+  scale = common.resolve_scale(scale, dk)
+  total = cache.total + common.floor_log_decay(log_fgate.astype(cache.total.dtype))
+  slot = cache.length
+  keys = lax.dynamic_update_index_in_dim(cache.keys, k.astype(cache.keys.dtype), slot, 1)
+  values = lax.dynamic_update_index_in_dim(cache.values, v.astype(cache.values.dtype), slot, 1)
+  log_forget = lax.dynamic_update_index_in_dim(cache.log_forget, total, slot, 1)
+  filled = jnp.arange(length) <= slot
+  o, _ = dense_attention_stats(q[:, None], keys, values, filled[None, None, :], scale,
+                               forgetting_step_bias(total, log_forget))
+  return o[:, 0].astype(q.dtype), ForgettingCache(keys, values, log_forget, total,
+                                                  cache.length + 1)
