@@ -5,14 +5,15 @@ names, :data:`CAUSAL_MIXERS` those that decode with a cache, :func:`spec` what t
 project knows about one and :func:`select` the names that match a tag.
 """
 
-from linear_attention.nn.attention import (BigBirdAttention, LinformerAttention, LocalAttention,
+from linear_attention.nn.attention import (BigBirdAttention, ForgettingAttention,
+                                           LinformerAttention, LocalAttention,
                                            LongformerAttention, SoftmaxAttention)
 from linear_attention.nn.base import Mixer, RandomFeatures
 from linear_attention.nn.delta import (DeltaNet, GatedDeltaNet, GatedDeltaProduct,
                                        KimiDeltaAttention, RWKV7TimeMix)
 from linear_attention.nn.gated import (HGRN2, GatedLinearAttention, Mamba2, MultiScaleRetention,
                                        RWKV6TimeMix)
-from linear_attention.nn.linear import LinearAttention
+from linear_attention.nn.linear import Based, LinearAttention, ReBased
 from linear_attention.nn.recurrent import HawkBlock, Mamba, S4DLayer
 from linear_attention.nn.registry import (CAUSAL_MIXERS, ENCODER_MIXERS, MIXERS, PATTERN_LETTERS,
                                           MixerSpec, make_mixer, mixer_kwargs, select, spec)

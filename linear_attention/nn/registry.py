@@ -108,6 +108,12 @@ SPECS: tuple[MixerSpec, ...] = (
               tiny=dict(gate_low_rank=4), studies=frozenset()),
     MixerSpec("gated_deltaproduct", delta.GatedDeltaProduct, "delta", "data", letter="Y",
               tiny=dict(num_householder=2), studies=frozenset()),
+    MixerSpec("based", linear.Based, "linear", letter="B", tiny=dict(feature_dim=4),
+              studies=frozenset()),
+    MixerSpec("rebased", linear.ReBased, "linear", letter="E", tiny=dict(feature_dim=4),
+              studies=frozenset()),
+    MixerSpec("forgetting", attention.ForgettingAttention, "attention", "data", letter="F",
+              tiny=dict(num_kv_heads=1), studies=frozenset()),
 )
 
 # The order is the order of every selection; studies name their runs by position in it, so

@@ -7,9 +7,12 @@ key_dim, value_dim]``; every causal op has ``parallel``, ``chunk`` and
 
 from linear_attention.ops.decay import decay_linear_attention, decay_linear_attention_step
 from linear_attention.ops.feature_maps import FEATURE_MAPS, random_projection
-from linear_attention.ops.linear import linear_attention, linear_attention_step
+from linear_attention.ops.linear import (linear_attention, linear_attention_step,
+                                         rebased_attention, rebased_attention_step)
 from linear_attention.ops.lowrank import linformer_attention
-from linear_attention.ops.softmax import softmax_attention
+from linear_attention.ops.softmax import (ForgettingCache, forgetting_attention,
+                                          forgetting_attention_step, init_forgetting_cache,
+                                          softmax_attention)
 from linear_attention.ops.sparse import (
     BigBirdPattern,
     SlidingWindowCache,

@@ -232,6 +232,99 @@ LINEAR = OpSpec(
     step=lambda a, s: ops.linear_attention_step(*a, s))
 
 
+# ------------------------------------- polynomial kernels: Based and ReBased
+
+
+def _packed_square(x):
+  """The columns ``x_i x_j`` (``i <= j``) of ``x [..., d]``, off-diagonal ones times
+  sqrt(2), in row-major order of the upper triangle: their dot product is ``(x.y)^2``."""
+  d = x.shape[-1]
+  cols = [x[..., i] * x[..., j] * (1.0 if i == j else np.sqrt(2.0))
+          for i in range(d) for j in range(i, d)]
+  return jnp.stack(cols, axis=-1)
+
+
+def _taylor(x):
+  d = x.shape[-1]
+  return jnp.concatenate([jnp.ones(x.shape[:-1] + (1,)), x / d**0.25,
+                          _packed_square(x) / np.sqrt(2.0 * d)], axis=-1)
+
+
+def ref_normalised_kernel(phi, q, k, v, s0, seg, eps=1e-6):
+  """Causal normalised attention with features ``phi``; the state's last column is ``z``."""
+  ones = jnp.ones(v.shape[:-1] + (1,), F32)
+
+  def step(s, start, q_t, k_t, v_t, one):
+    s = s + outer(phi(k_t), jnp.concatenate([v_t, one], -1))
+    return s, read(phi(q_t), s)
+
+  b, _, h, dk = q.shape
+  f = phi(jnp.zeros((dk,))).shape[-1]
+  out, s = scan_reference(step, zeros_or(s0, (b, h, f, v.shape[-1] + 1)), (q, k, v, ones), seg)
+  return out[..., :-1] / jnp.maximum(out[..., -1:], eps), s
+
+
+def ref_based(arrays, s0, seg):
+  return ref_normalised_kernel(_taylor, *arrays, s0, seg)
+
+
+def _kernel_state(phi, rng, n=3):
+  """A state ``[B, H, F, V + 1]`` that ``n`` earlier tokens could have left: polynomial
+  features are not positive, so an arbitrary positive state could make a normaliser 0."""
+  k, v = normal(rng, (B, n, H, K)), normal(rng, (B, n, H, V))
+  return jnp.einsum("bnhf,bnhv->bhfv", phi(k), jnp.concatenate([v, jnp.ones((B, n, H, 1))], -1))
+
+
+BASED = OpSpec(
+    name="based", names=("q", "k", "v"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype),
+    timed=(True, True, True),
+    run=lambda a, form, s0, seg: ops.linear_attention(*a, feature_map="taylor", chunk_size=CHUNK,
+                                                      **_kw(form, s0, seg)),
+    reference=ref_based, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: _kernel_state(_taylor, rng),
+    step=lambda a, s: ops.linear_attention_step(*a, s, feature_map="taylor"))
+
+
+def _layer_norm(x, gamma, beta, eps=1e-5):
+  x = x.astype(F32)
+  mu = jnp.mean(x, -1, keepdims=True)
+  var = jnp.mean((x - mu) ** 2, -1, keepdims=True)
+  return (x - mu) / jnp.sqrt(var + eps) * gamma.astype(F32) + beta.astype(F32)
+
+
+def ref_rebased(arrays, s0, seg):
+  q, k, v, gamma, beta = arrays
+  phi = lambda x: _packed_square(x) / np.sqrt(x.shape[-1])
+  return ref_normalised_kernel(phi, _layer_norm(q, gamma, beta), _layer_norm(k, gamma, beta),
+                               v, s0, seg)
+
+
+def _rebased_bad():
+  q, k, v = _make_qkv(np.random.default_rng(0), 4, F32)
+  return [(lambda: ops.rebased_attention(q, k, v, jnp.ones((K + 1,)), jnp.zeros((K,))),
+           r"\bgamma\b"),
+          (lambda: ops.rebased_attention(q, k, v, jnp.ones((K,)), jnp.zeros((H + 1, K))),
+           r"\bbeta\b")]
+
+
+# (q.k)^2 / sum_j (q.k_j)^2 is ill-conditioned where a query's kernel values are all near 0
+# (a lone key at a segment start, q~ orthogonal to k~): float32 rounding of the forms then
+# differs by 1e-3 in the gradient. A shift beta near 1 keeps q~ . k~ ~ |beta|^2 = 8 +- 2.
+REBASED = OpSpec(
+    name="rebased_attention", names=("q", "k", "v", "gamma", "beta"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (
+        uniform(rng, (K,), 0.3, 0.7), 1.0 + normal(rng, (K,), scale=0.2)),
+    timed=(True, True, True, False, False),
+    run=lambda a, form, s0, seg: ops.rebased_attention(*a, chunk_size=CHUNK,
+                                                       **_kw(form, s0, seg)),
+    reference=ref_rebased, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: _kernel_state(
+        lambda x: _packed_square(_layer_norm(x, a[3], a[4])) / np.sqrt(K), rng),
+    step=lambda a, s: ops.rebased_attention_step(a[0], a[1], a[2], s, a[3], a[4]),
+    bad=_rebased_bad)
+
+
 # -------------------------------------------------- gated / decayed variants
 
 
@@ -676,6 +769,34 @@ SOFTMAX = OpSpec(
         *a, causal=True, algorithm=form, block_size=CHUNK, segment_ids=seg), None),
     reference=ref_softmax, forms=("naive", "blockwise"), rtol=1e-4, atol=1e-5)
 
+def ref_forgetting(arrays, s0, seg):
+  """Causal softmax with the bias ``sum_{j < s <= i} log f_s``, summed per pair (no cumsum)."""
+  q, k, v, g = arrays
+  b, t, h, dk = q.shape
+  i, j, s = (np.arange(t).reshape(shape) for shape in ((t, 1, 1), (1, t, 1), (1, 1, t)))
+  between = jnp.asarray((j < s) & (s <= i))  # [Tq, Tk, Ts]
+  # where, not a product: a -inf gate must give -inf, not NaN (0 * -inf).
+  gates = jnp.swapaxes(g.astype(F32), 1, 2)[:, :, None, None, :]  # [B, H, 1, 1, Ts]
+  bias = jnp.sum(jnp.where(between, gates, 0.0), axis=-1)  # [B, H, Tq, Tk]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(F32), k.astype(F32),
+                      precision="highest") * dk**-0.5 + bias
+  allowed = (causal_mask(t) & same_segment(seg, b, t))[:, None]
+  p = jax.nn.softmax(jnp.where(allowed, logits, -jnp.inf), axis=-1)
+  return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(F32), precision="highest"), None
+
+
+FORGETTING = OpSpec(
+    name="forgetting_attention", names=("q", "k", "v", "log_fgate"),
+    make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (log_gate(rng, (B, t, H), dtype),),
+    timed=(True, True, True, True),
+    run=lambda a, form, s0, seg: (ops.forgetting_attention(
+        *a, algorithm=form, block_size=CHUNK, segment_ids=seg), None),
+    reference=ref_forgetting, forms=("naive", "blockwise"), log_gate=3,
+    step=lambda a, cache: ops.forgetting_attention_step(*a, cache), step_state_checked=False,
+    step_state=lambda a: ops.init_forgetting_cache(a[0].shape[0], H, a[0].shape[1], K, V),
+    rtol=1e-4, atol=1e-5)
+
+
 WINDOW = 5
 
 
@@ -923,7 +1044,8 @@ SPECS = (DECAY, LINEAR, GLA, RETENTION, HGRN2, RWKV6, SSD, GATED_DELTANET,
          DELTANET, LINEAR_SCAN, RG_LRU, SELECTIVE_SCAN, S4D, CONV, SOFTMAX, SLIDING_WINDOW,
          LONGFORMER, BIGBIRD, LINFORMER, RWKV7, KDA, GATED_DELTAPRODUCT,
          MLSTM, MLSTM_EXP,
-         LOGLINEAR_SSD, LOGLINEAR_GLA)
+         LOGLINEAR_SSD, LOGLINEAR_GLA,
+         BASED, REBASED, FORGETTING)
 STATEFUL = tuple(s for s in SPECS if s.make_state is not None)
 WITH_STEP = tuple(s for s in SPECS if s.step is not None)
 WITH_LOG_GATE = tuple(s for s in SPECS if s.log_gate is not None)
