@@ -563,6 +563,36 @@ GATED_DELTAPRODUCT = OpSpec(
     make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
     step=lambda a, s: ops.gated_deltaproduct_step(*a, s), log_gate=4, rtol=1e-4, atol=1e-4)
 
+def ref_dplr(arrays, s0, seg):
+  """Per token: ``S = (diag(exp(g)) + a_0 b_0^T) S + k_0 v_0^T``, then the other sub-steps
+  without the decay; ``o = S^T q / sqrt(K)``."""
+  q, k, v, a, b, g = arrays
+  bsz, _, h, dk = q.shape
+  eye = jnp.eye(dk)
+
+  def step(s, start, q_t, k_t, v_t, a_t, b_t, g_t):
+    for j in range(k_t.shape[2]):
+      diag = jnp.exp(g_t)[..., :, None] * eye if j == 0 else eye
+      s = (jnp.matmul(diag + outer(a_t[:, :, j], b_t[:, :, j]), s, precision="highest")
+           + outer(k_t[:, :, j], v_t[:, :, j]))
+    return s, dk**-0.5 * read(q_t, s)
+
+  return scan_reference(step, zeros_or(s0, (bsz, h, dk, v.shape[-1])), (q, k, v, a, b, g), seg)
+
+
+DPLR = OpSpec(
+    name="dplr_attention", names=("q", "k", "v", "a", "b", "log_decay"),
+    make=lambda rng, t, dtype: (
+        normal(rng, (B, t, H, K), dtype), normal(rng, (B, t, H, 2, K), dtype, scale=0.5),
+        normal(rng, (B, t, H, 2, V), dtype), normal(rng, (B, t, H, 2, K), dtype, scale=0.3),
+        normal(rng, (B, t, H, 2, K), dtype, scale=0.3), log_gate(rng, (B, t, H, K), dtype)),
+    timed=(True,) * 6,
+    run=lambda a, form, s0, seg: ops.dplr_attention(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
+    reference=ref_dplr, forms=("parallel", "chunk", "recurrent"),
+    make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
+    step=lambda a, s: ops.dplr_attention_step(*a[:5], s, a[5]), log_gate=5,
+    rtol=1e-4, atol=1e-4)
+
 
 # -------------------------------------------------------- linear RNNs / SSMs
 
@@ -1042,7 +1072,7 @@ LOGLINEAR_GLA = OpSpec(
 
 SPECS = (DECAY, LINEAR, GLA, RETENTION, HGRN2, RWKV6, SSD, GATED_DELTANET,
          DELTANET, LINEAR_SCAN, RG_LRU, SELECTIVE_SCAN, S4D, CONV, SOFTMAX, SLIDING_WINDOW,
-         LONGFORMER, BIGBIRD, LINFORMER, RWKV7, KDA, GATED_DELTAPRODUCT,
+         LONGFORMER, BIGBIRD, LINFORMER, RWKV7, KDA, GATED_DELTAPRODUCT, DPLR,
          MLSTM, MLSTM_EXP,
          LOGLINEAR_SSD, LOGLINEAR_GLA,
          BASED, REBASED, FORGETTING)
