@@ -154,3 +154,20 @@ def test_array_task_variable_picks_the_point(tmp_path):
   # Another variable, named by --array-env; a value that is no index is refused.
   p = _cli(config, wd, "--array-env=MY_TASK", env={"MY_TASK": "two"})
   assert p.returncode == 2 and "error: MY_TASK must be a point index, got 'two'" in p.stderr
+
+
+def test_multi_host_flags_are_passed_on_and_name_the_writing_process(tmp_path, monkeypatch,
+                                                                     capsys):
+  for var in ("JAX_PROCESS_ID", "SLURM_PROCID"):
+    monkeypatch.delenv(var, raising=False)
+  assert sweep._process_id(["--coordinator_address=h:1", "--process_id=2"]) == 2
+  assert sweep._process_id(["--distributed"]) == 0
+  monkeypatch.setenv("SLURM_PROCID", "3")
+  assert sweep._process_id(["--distributed"]) == 3  # what jax.distributed detects under SLURM
+  assert sweep._process_id([]) == 0  # not a multi-host point: SLURM's rank says nothing
+  config = _config(str(tmp_path / "cfgs"), MIXERS)
+  assert _main(config, str(tmp_path / "wd"), "--workers=2", "--distributed") == 2
+  assert "--workers must be 1 with the multi-host flags" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    _main(config, str(tmp_path / "wd"), "--verbose")
+  assert "unknown arguments ['--verbose']" in capsys.readouterr().err
