@@ -316,8 +316,8 @@ def _s4d_a(part):
 
 def _s4d_c(key, s, d):
   import jax
-  re, im = jax.random.normal(key, (2, *s))
-  return (re + 1j * im) * 0.5 ** 0.5
+  real, imag = jax.random.normal(key, (2, *s))
+  return (real + 1j * imag) * 0.5 ** 0.5  # complex C, differentiated as it is
 
 
 def _s4d_log_dt(key, s, d):

@@ -60,16 +60,29 @@ def file_name(group: str, custom_cases: bool, tag: str | None, smoke: bool) -> s
   return name.replace(".json", "_smoke.json") if smoke else name
 
 
-def write(path: str, results: list[dict], dims: Dims, **meta) -> str:
-  """Writes a result file (see the module docstring); ``meta`` holds the run's settings."""
+def write(path: str, results: list[dict], dims: Dims, *, matmul_gflops: float,
+          step_s: dict, **settings) -> str:
+  """Writes a result file (see the module docstring).
+
+  Args:
+    path: the file.
+    results: the (case, T) records.
+    dims: the sizes the cases ran at.
+    matmul_gflops: the machine's float32 matmul rate in the same run.
+    step_s: decode step seconds by position (``{"1024": ...}``), or empty.
+    **settings: the run's settings (group, budget, flags, elapsed time), stored as given.
+
+  Returns:
+    ``path``.
+  """
   import jax
   sizes = dataclasses.asdict(dims)
   return write_json(path, {
       "backend": jax.default_backend(), "device": str(jax.devices()[0]), "jax": jax.__version__,
-      **{k: meta.pop(k) for k in ("matmul_gflops", "step_s")},
+      "matmul_gflops": matmul_gflops, "step_s": step_s,
       "B": dims.B, "H": dims.H, "D": dims.D, "CH": dims.C, "N": dims.N, "S4D_N": dims.M,
       "chunk": dims.chunk, "sizes": {k: sizes[k] for k in SPARSE_SIZES},
-      **meta, "results": results})
+      **settings, "results": results})
 
 
 def merge(paths: list[str]) -> tuple[list[dict], dict, list[float | None]]:
