@@ -15,8 +15,12 @@ the max-stabiliser ``m_t = max(log f_t + m_{t-1}, i~_t)``. Stored states are
 ``m``, which only keeps every exponent bounded.
 
 State layout: a tuple ``(C [B, H, K, V], n [B, H, K], m [B, H])``, float32,
-holding the *stabilised* ``C`` and ``n``. A fresh state is all zeros
-(``m = 0``, as in the xLSTM code), which is also what a segment start resets to.
+holding the *stabilised* ``C`` and ``n``. A fresh state is ``(0, 0, -inf)``
+(:func:`init_mlstm_state`), which is also what a segment start resets to: an
+empty memory has no scale, and ``m = -inf`` keeps it out of the max. (The
+xLSTM code starts from ``m = 0``: the same memory, but its stabiliser then
+follows the empty state, which an exponential forget gate ``> 1`` grows until
+every real term underflows.)
 
 On the diagonal-decay engine: with ``m`` known, the stabilised recurrence is
 the engine's with the per-head log decay ``log f_t + m_{t-1} - m_t <= 0``, the
@@ -115,13 +119,13 @@ def _update(q, k, v, log_i, log_f, state):
 def _stabiliser(log_i, log_f, m0, starts):
   """``m_t = max(log f_t + m_{t-1}, log i_t)`` for ``[B, T, H]`` gates.
 
-  ``m_{-1} = m0 [B, H]`` and ``m_{t-1} = 0`` at a segment start. Each step is
-  the max-plus affine map ``m -> max(a + m, b)``; maps compose associatively.
-  Returns ``(m, m_prev)``, both ``[B, T, H]``.
+  ``m_{-1} = m0 [B, H]`` and ``m_{t-1} = -inf`` (a fresh state) at a segment
+  start. Each step is the max-plus affine map ``m -> max(a + m, b)``; maps
+  compose associatively. Returns ``(m, m_prev)``, both ``[B, T, H]``.
   """
   start = starts[..., None]
-  a = jnp.where(start, -jnp.inf, log_f)  # a start forgets m_{t-1} ...
-  b = jnp.where(start, jnp.maximum(log_f, log_i), log_i)  # ... and starts from m = 0
+  a = jnp.where(start, -jnp.inf, log_f)  # a start forgets m_{t-1}
+  b = log_i
 
   def compose(x, y):
     a1, b1 = x
@@ -131,7 +135,7 @@ def _stabiliser(log_i, log_f, m0, starts):
   a_cum, b_cum = lax.associative_scan(compose, (a, b), axis=1)
   m = jnp.maximum(a_cum + m0[:, None], b_cum)
   m_prev = jnp.concatenate([m0[:, None], m[:, :-1]], axis=1)
-  return m, jnp.where(start, 0.0, m_prev)
+  return m, jnp.where(start, -jnp.inf, m_prev)
 
 
 # -------------------------------------------------------------------- the op
@@ -156,10 +160,11 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
     form: ``"chunk"`` (default), ``"parallel"`` (the engine's forms) or
       ``"recurrent"`` (token by token).
     chunk_size: chunk length of the chunk form.
-    initial_state: optional ``(C [B, H, K, V], n [B, H, K], m [B, H])``.
+    initial_state: optional ``(C [B, H, K, V], n [B, H, K], m [B, H])``;
+      ``None`` is the fresh state of :func:`init_mlstm_state`.
     return_state: also return the final state.
-    segment_ids: optional ``[B, T]`` ints; the state resets to zeros where the
-      id changes (``initial_state`` reaches the first segment of each row).
+    segment_ids: optional ``[B, T]`` ints; the state resets to a fresh one where
+      the id changes (``initial_state`` reaches the first segment of each row).
     implementation: the engine's kernel choice for the chunk form (see
       :func:`~linear_attention.ops.decay.decay_linear_attention`).
 
@@ -177,7 +182,8 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
   scale = common.resolve_scale(scale, dk)
   acc = common.acc_dtype(q.dtype)
   if initial_state is None:
-    s0 = (jnp.zeros((b, h, dk, dv), acc), jnp.zeros((b, h, dk), acc), jnp.zeros((b, h), acc))
+    s0 = (jnp.zeros((b, h, dk, dv), acc), jnp.zeros((b, h, dk), acc),
+          jnp.full((b, h), -jnp.inf, acc))
   else:
     s0 = tuple(x.astype(acc) for x in initial_state)
   starts = (jnp.zeros((b, t), bool) if segment_ids is None
@@ -221,7 +227,8 @@ def _recurrent(q, k, v, i_gate, f_gate, s0, starts, *, forget_gate, scale):
 
   def body(state, x):
     q_t, k_t, v_t, li_t, lf_t, start, ok = x
-    state = tuple(jnp.where(start.reshape((-1,) + (1,) * (s.ndim - 1)), 0.0, s) for s in state)
+    state = tuple(jnp.where(start.reshape((-1,) + (1,) * (s.ndim - 1)), fresh, s)
+                  for s, fresh in zip(state, (0.0, 0.0, -jnp.inf)))
     o_t, new = _update(q_t, k_t, v_t, li_t, lf_t, state)
     new = tuple(jnp.where(ok, a, b) for a, b in zip(new, state))
     return new, o_t
@@ -256,10 +263,11 @@ def mlstm_step(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array,
 
 
 def init_mlstm_state(batch: int, heads: int, key_dim: int, value_dim: int):
-  """A fresh mLSTM state: ``(C [B, H, K, V], n [B, H, K], m [B, H])`` float32 zeros."""
+  """A fresh mLSTM state: ``(C [B, H, K, V], n [B, H, K], m [B, H])`` float32, ``C`` and
+  ``n`` zero and ``m = -inf`` (see the module doc)."""
   for name, x in (("batch", batch), ("heads", heads), ("key_dim", key_dim),
                   ("value_dim", value_dim)):
     common.check_positive_int(name, x)
   f32 = np.float32
   return (jnp.zeros((batch, heads, key_dim, value_dim), f32),
-          jnp.zeros((batch, heads, key_dim), f32), jnp.zeros((batch, heads), f32))
+          jnp.zeros((batch, heads, key_dim), f32), jnp.full((batch, heads), -np.inf, f32))

@@ -1,0 +1,120 @@
+"""Log-linear attention checks beyond the conformance suite (``tests/ops/conformance.py``
+has the specs of ``loglinear_ssd`` and ``loglinear_gla``): reductions to the plain ops,
+the Fenwick buckets, O(log T) decoding states, far positions and argument checks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linear_attention import ops
+from tests import helpers
+
+FORMS = ("parallel", "chunk", "recurrent")
+B, T, H, G, N, P = 2, 45, 2, 1, 8, 6
+
+
+def _ssd_inputs(seed, t=T, levels=7):
+  rng = np.random.default_rng(seed)
+  n = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  x, dt = n(B, t, H, P), jax.nn.softplus(n(B, t, H) - 1.0)
+  A = -jnp.asarray(rng.uniform(0.5, 2.0, H), jnp.float32)
+  lam = jax.nn.softplus(n(B, t, H, levels))
+  return x, dt, A, n(B, t, G, N), n(B, t, G, N), lam, n(H)
+
+
+@pytest.mark.parametrize("levels", [1, 3, 7])
+@pytest.mark.parametrize("form", FORMS)
+def test_unit_level_weights_give_mamba2(form, levels):
+  """lambda = 1 on every level sums the buckets back into one state: plain SSD."""
+  x, dt, A, Bm, C, lam, D = _ssd_inputs(0, levels=levels)
+  ones = jnp.ones_like(lam)
+  o, (s, pos) = ops.loglinear_ssd(x, dt, A, Bm, C, ones, D, form=form, chunk_size=8,
+                                  return_state=True)
+  want, want_s = ops.ssd(x, dt, A, Bm, C, D, return_state=True)
+  helpers.assert_close(o, want, 1e-4, 1e-4)
+  helpers.assert_close(s.sum(axis=2), want_s, 1e-4, 1e-4)
+  np.testing.assert_array_equal(np.asarray(pos), T)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_buckets_follow_the_fenwick_partition(form):
+  """With one-hot weights on level l, no decay and q = k = v = 1, the output counts
+  the keys in level l's bucket: 2^(l-1) where bit l-1 of t is set, else 0."""
+  t, levels = 40, 7
+  q = jnp.ones((1, t, 1, 1))
+  v = jnp.ones((1, t, 1, 1))
+  no_decay = jnp.zeros((1, t, 1))
+  pos = np.arange(t)
+  for lvl in range(levels):
+    lam = jax.nn.one_hot(jnp.full((1, t, 1), lvl), levels)
+    o = ops.loglinear_decay_attention(q, q, v, no_decay, lam, scale=1.0, form=form,
+                                      chunk_size=8)
+    want = np.ones(t) if lvl == 0 else ((pos >> (lvl - 1)) & 1) * 2 ** (lvl - 1)
+    np.testing.assert_allclose(np.asarray(o)[0, :, 0, 0], want, err_msg=f"level {lvl}")
+
+
+def test_decoding_keeps_log_t_states():
+  """After t tokens, exactly popcount(t) levels are occupied (at most log2(t) + 1)."""
+  levels = 8
+  x, dt, A, Bm, C, lam, D = _ssd_inputs(1, t=100, levels=levels)
+  state = ops.init_loglinear_state(B, H, levels, N, P)
+  step = jax.jit(ops.loglinear_ssd_step)
+  outs = []
+  for t in range(100):
+    y, state = step(x[:, t], dt[:, t], A, Bm[:, t], C[:, t], lam[:, t], state, D)
+    outs.append(y)
+    occupied = np.flatnonzero(np.abs(np.asarray(state[0][0, 0])).sum(axis=(1, 2)) > 0)
+    want = [lvl for lvl in range(1, levels) if ((t + 1) >> (lvl - 1)) & 1]
+    assert list(occupied) == want, (t + 1, occupied)
+  helpers.assert_close(jnp.stack(outs, 1), ops.loglinear_ssd(x, dt, A, Bm, C, lam, D),
+                       1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("levels", [3, 24])
+def test_far_initial_position_forms_agree(levels):
+  """An initial state just below 2^20: pairs inside the call reach levels ~21, so the
+  chunk form's shared top level and the old buckets' moves are exercised."""
+  x, dt, A, Bm, C, lam, D = _ssd_inputs(2, levels=levels)
+  rng = np.random.default_rng(3)
+  s0 = (jnp.asarray(rng.standard_normal((B, H, levels, N, P)), jnp.float32),
+        jnp.asarray([2.0 ** 20 - 5, 2.0 ** 20 - 40]))
+  results = [ops.loglinear_ssd(x, dt, A, Bm, C, lam, D, form=form, chunk_size=8,
+                               initial_state=s0, return_state=True) for form in FORMS]
+  for form, r in zip(FORMS[1:], results[1:]):
+    helpers.assert_tree_close(r, results[0], 1e-4, 1e-4, form)
+
+
+def test_strong_and_infinite_decays_stay_finite():
+  rng = np.random.default_rng(4)
+  n = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  q, k, v = n(B, T, H, N), n(B, T, H, N), n(B, T, H, P)
+  g = -20.0 * jnp.abs(n(B, T, H, N))
+  g = g.at[:, 7].set(-jnp.inf)
+  lam = jax.nn.softplus(n(B, T, H, 4))
+  results = []
+  for form in FORMS:
+    fn = lambda q, g, lam, form=form: ops.loglinear_gla(q, k, v, g, lam, form=form, chunk_size=8)
+    results.append(helpers.value_and_grads(fn, (q, g, lam)))
+  for form, r in zip(FORMS, results):
+    for leaf in jax.tree_util.tree_leaves(r):
+      assert np.all(np.isfinite(np.asarray(leaf))), form
+    helpers.assert_tree_close(r[0], results[0][0], 1e-4, 1e-4, form)
+
+
+def test_bad_arguments_name_themselves():
+  x, dt, A, Bm, C, lam, D = _ssd_inputs(5, t=4, levels=3)
+  with pytest.raises(ValueError, match=r"\blevel_weights must have shape"):
+    ops.loglinear_ssd(x, dt, A, Bm, C, lam[:, :3], D)
+  with pytest.raises(ValueError, match=r"\blevel_weights must have L >= 1"):
+    ops.loglinear_ssd(x, dt, A, Bm, C, lam[..., :0], D)
+  with pytest.raises(ValueError, match=r"\binitial_state\[0\] must have shape"):
+    ops.loglinear_ssd(x, dt, A, Bm, C, lam, D,
+                      initial_state=ops.init_loglinear_state(B, H, 4, N, P))
+  with pytest.raises(ValueError, match=r"\binitial_state\[1\] \(position\) must hold"):
+    s, _ = ops.init_loglinear_state(B, H, 3, N, P)
+    ops.loglinear_ssd(x, dt, A, Bm, C, lam, D, initial_state=(s, jnp.asarray([1.5, 0.0])))
+  with pytest.raises(ValueError, match=r"\binitial_state must be a tuple"):
+    ops.loglinear_ssd(x, dt, A, Bm, C, lam, D, initial_state=jnp.zeros((B, H, 3, N, P)))
