@@ -1,4 +1,4 @@
-"""Command line: ``python -m linear_attention.main --config=configs/mqar.py:mixer=gla,size=smoke
+r"""Command line: ``python -m linear_attention.main --config=configs/mqar.py:mixer=gla,size=smoke
 --workdir=runs/x [--config.optim.lr=1e-3 ...]``.
 
 Parses the (locked) config, optionally joins a multi-host run, and calls
@@ -8,7 +8,17 @@ resumes from the workdir's latest complete checkpoint.
 Multi-host: ``--coordinator_address=host:port --num_processes=N --process_id=i`` (or the
 environment variables ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
 ``JAX_PROCESS_ID``; or ``--distributed`` alone where JAX detects the cluster itself, e.g.
-SLURM or Cloud TPU).
+SLURM or Cloud TPU). Every process runs the same command with its own ``--process_id``
+and the same ``--workdir`` (a shared filesystem); process 0 writes the metrics, the config
+and the logs, and every process takes part in each checkpoint. On CPUs the processes talk
+through Gloo. Two processes on one machine::
+
+    for i in 0 1; do python -m linear_attention.main --config=configs/mqar.py:size=smoke \
+      --workdir=runs/mp --coordinator_address=127.0.0.1:12355 --num_processes=2 \
+      --process_id=$i & done; wait
+
+When one process dies, the others fail at their next collective with one ``error:`` line
+(exit 1); rerunning every process resumes from the last checkpoint.
 
 Exit status (``linear_attention.train.errors.EXIT_CODES``); the last line of a failure is
 one ``error: ...`` line:
@@ -70,11 +80,22 @@ flags.DEFINE_integer("num_processes", int(os.environ.get("JAX_NUM_PROCESSES", "0
                      "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", int(os.environ["JAX_PROCESS_ID"])
                      if "JAX_PROCESS_ID" in os.environ else None, "Multi-host: this process's id.")
+flags.DEFINE_integer("heartbeat_timeout_s", 100,
+                     "Multi-host: seconds without a heartbeat after which a process counts as "
+                     "dead and the others stop (JAX's default, 100).")
 flags.DEFINE_bool("quiet", False, "No progress output (the final line is still printed).")
+
+
+_DISTRIBUTED = []  # non-empty once this process joined a multi-process run
 
 
 def _fail(msg: str, code: int = 2):
   print(f"error: {msg}", file=sys.stderr, flush=True)
+  if _DISTRIBUTED:
+    # A failed process must not enter JAX's shutdown barrier at exit: with a peer gone it
+    # waits for the heartbeat timeout and then aborts with pages of C++ logs.
+    sys.stdout.flush()
+    os._exit(code)
   sys.exit(code)
 
 
@@ -117,6 +138,10 @@ def _maybe_initialize_distributed() -> None:
   if not (FLAGS.distributed or FLAGS.coordinator_address or FLAGS.num_processes):
     return
   import jax
+  # CPU processes reach each other through Gloo; without it the first cross-process collective
+  # fails. Accelerator backends ignore the setting.
+  if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
   kw = {}
   if FLAGS.coordinator_address:
     kw["coordinator_address"] = FLAGS.coordinator_address
@@ -124,7 +149,8 @@ def _maybe_initialize_distributed() -> None:
     kw["num_processes"] = FLAGS.num_processes
   if FLAGS.process_id is not None:
     kw["process_id"] = FLAGS.process_id
-  jax.distributed.initialize(**kw)
+  jax.distributed.initialize(heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_s, **kw)
+  _DISTRIBUTED.append(True)
 
 
 def _one_line(error: BaseException) -> str:

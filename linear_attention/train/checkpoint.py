@@ -24,6 +24,7 @@ import traceback
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from linear_attention.train import errors
@@ -119,7 +120,13 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     if step is None:
       raise ValueError(f"no complete checkpoint in {self.workdir!r}.")
-    return self.manager.restore(step, args=ocp.args.StandardRestore())
+    # NumPy targets built from the saved metadata: a checkpoint written by several devices
+    # or processes then reads on any one host (without them orbax refuses the topology).
+    meta = ocp.StandardCheckpointer().metadata(
+        os.path.join(str(self.directory), str(step), "default"))
+    tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+    target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree)
+    return self.manager.restore(step, args=ocp.args.StandardRestore(target))
 
   def restore_latest(self, target: Any, say: Callable[[str], None] | None = None
                      ) -> tuple[int, Any]:
