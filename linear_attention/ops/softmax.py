@@ -557,6 +557,11 @@ def forget_cumsum(log_fgate: Array) -> Array:
   across one is then at most ``-155``, whose ``exp`` is 0 in float32 next to
   any key within 50 logits of the row's largest, while ``-inf - -inf`` would
   be NaN. The floor's gradient below it is 0, as for an exact zero gate.
+
+  Precision: ``D`` is one float32 running sum, so ``D_i - D_j`` carries an
+  absolute error of about ``|D_i| * 6e-8`` (about ``1e-4`` in the logits at
+  ``|D| = 2000``, e.g. 3000 tokens of gates near 1/2); far pairs, where ``|D|``
+  is large, have weights near 0 anyway.
   """
   g = log_fgate.astype(common.acc_dtype(log_fgate.dtype))
   return jnp.cumsum(common.floor_log_decay(g), axis=1)
