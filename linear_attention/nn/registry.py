@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from flax import nnx
 
-from linear_attention.nn import attention, delta, gated, linear, recurrent
+from linear_attention.nn import attention, delta, gated, linear, recurrent, xlstm
 
 FAMILIES = ("attention", "sparse", "lowrank", "linear", "decay", "delta", "ssm", "rnn")
 GATINGS = ("none", "fixed", "data")
@@ -114,6 +114,9 @@ SPECS: tuple[MixerSpec, ...] = (
               studies=frozenset()),
     MixerSpec("forgetting", attention.ForgettingAttention, "attention", "data", letter="F",
               tiny=dict(num_kv_heads=1), studies=frozenset()),
+    MixerSpec("mlstm", xlstm.MLSTM, "decay", "data", letter="X", studies=frozenset()),
+    MixerSpec("loglinear_mamba2", xlstm.LogLinearMamba2, "decay", "data", letter="J",
+              tiny=dict(d_state=8, num_levels=4), studies=frozenset()),
 )
 
 # The order is the order of every selection; studies name their runs by position in it, so
