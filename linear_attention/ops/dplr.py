@@ -288,8 +288,45 @@ def _parallel(qh, kh, vh, ah, bh, gh, seg, s0):
   return o, state
 
 
-def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c):
-  """WY / UT-transform chunkwise form over flat sub-steps; inputs ``[B, H, T, *]``."""
+# Chunks per block of the chunk form's outer scan (see _chunk).
+_BLOCK_CHUNKS = 16
+
+
+def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c, block_chunks=_BLOCK_CHUNKS):
+  """WY / UT-transform chunkwise form over flat sub-steps; inputs ``[B, H, T, *]``.
+
+  Long sequences go through in blocks of ``block_chunks`` chunks, one block per
+  ``lax.scan`` step with the state carried, as the diagonal-decay engine does,
+  so the per-block working set stays the same at any length.
+  """
+  t = qh.shape[2]
+  block = c * block_chunks
+  if t <= block:
+    return _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, None)
+  pad = lambda x: common.pad_axis(x, block, axis=2)
+  n = pad(qh).shape[2] // block
+  split = lambda x: None if x is None else jnp.moveaxis(
+      pad(x).reshape(x.shape[:2] + (n, block) + x.shape[3:]), 2, 0)
+  segb = None
+  if seg is not None:
+    segp = common.pad_segment_ids(seg, block).reshape(seg.shape[0], n, block)
+    prev = jnp.concatenate([segp[:, :1, 0], segp[:, :-1, -1]], axis=1)  # [B, n]
+    segb = (jnp.moveaxis(segp, 1, 0), prev.T)
+
+  def body(state, x):
+    *arrays, seg_b = x
+    o_b, state = _chunk_block(*arrays, None if seg_b is None else seg_b[0], state, c,
+                              None if seg_b is None else seg_b[1])
+    return state, o_b
+
+  state, o = lax.scan(body, s0, tuple(split(x) for x in (qh, kh, vh, ah, bh, gh)) + (segb,))
+  o = jnp.moveaxis(o, 0, 2)
+  return o.reshape(o.shape[:2] + (n * block,) + o.shape[4:])[:, :, :t], state
+
+
+def _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, seg_prev):
+  """One block of the chunk form; ``seg_prev [B]`` is the segment index of the
+  token before the block (None: the block starts a row)."""
   bsz, h, t, dk = qh.shape
   dv = vh.shape[-1]
   g = jnp.zeros_like(kh) if gh is None else gh
@@ -304,7 +341,8 @@ def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c):
 
   if seg is not None:
     segp = common.pad_segment_ids(seg, c).reshape(bsz, 1, n, c)
-    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
+    first = segp[:, :, :1, 0] if seg_prev is None else seg_prev[:, None, None]
+    prev_end = jnp.concatenate([first, segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
     sees_state = (segp == prev_end[..., None])[..., None].astype(qc.dtype)  # [B,1,N,C,1]
     to_end = (segp == segp[..., -1:])[..., None].astype(qc.dtype)
     carries = (segp[..., -1] == prev_end)[..., None].astype(qc.dtype)  # [B,1,N,1]

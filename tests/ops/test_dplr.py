@@ -147,6 +147,26 @@ def test_engine_general_rank_against_a_plain_scan(r):
     helpers.assert_close(o_t, want_o[:, i], 2e-4, 2e-4, f"step {i}")
 
 
+def test_chunk_blocks_carry_state_and_segments():
+  """Long inputs run as blocks of 16 chunks with the state carried: chunks of 2 tokens
+  (4 sub-steps) make blocks of 32 tokens, so T = 70 is three blocks, with a segment
+  running across the first boundary; equal to the recurrent form, gradients included."""
+  t = 70
+  q, k, v, a, b = _engine_inputs(7, t, 2)
+  rng = _rng(8)
+  g = jax.nn.log_sigmoid(2.0 + _normal(rng, B, t, H, K))
+  s0 = _normal(rng, B, H, K, V, scale=0.5)
+  seg = jnp.asarray(np.stack([np.repeat([0, 1, 2], [20, 30, 20]), np.zeros(t, int)]), jnp.int32)
+  def run(form, *xs):
+    return ops.dplr_attention(*xs[:6], form=form, chunk_size=2, initial_state=xs[6],
+                              return_state=True, segment_ids=seg)
+
+  args = (q, k, v, a, b, g, s0)
+  want = helpers.value_and_grads(lambda *x: run("recurrent", *x), args)
+  got = helpers.value_and_grads(lambda *x: run("chunk", *x), args)
+  helpers.assert_tree_close(got, want, 1e-4, 1e-4, "chunk blocks against recurrent")
+
+
 @pytest.mark.parametrize("op", ["kda", "rwkv7"])
 def test_strong_decay_is_finite_and_forms_agree(op):
   """Log decays down to -20 per step, some -inf, chunks of 32: no overflow, no NaN, the
