@@ -8,25 +8,22 @@ the restored step are dropped, so the file reads like one uninterrupted run.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
 from typing import Any, Mapping
 
 # The one results writer (atomic, NaN -> null); the trainer and the sweep call it from here.
+from linear_attention import io
 from linear_attention.io import write_json  # noqa: F401
 
 METRICS_FILE = "metrics.jsonl"
 
 
 def _clean(v: Any) -> Any:
-  """Python scalars for JSON (NaN/Inf become strings, which JSON cannot hold)."""
-  if hasattr(v, "item"):
-    v = v.item()
-  if isinstance(v, float) and not math.isfinite(v):
-    return str(v)
-  return v
+  """Python scalars for JSON, with the package's one convention (``io.to_jsonable``:
+  non-finite floats become ``null``)."""
+  return io.to_jsonable(v.item() if hasattr(v, "item") else v)
 
 
 def read_metrics(workdir: str, split: str | None = None) -> list[dict]:
