@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from linear_attention.models import lm
 from linear_attention.nn.base import RandomFeatures
@@ -34,12 +35,29 @@ def sample_logits(logits: Array, key: Array, *, temperature: float = 1.0,
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
+def shard_batch(tree, mesh: jax.sharding.Mesh | None, batch: int, axis: str = "data"):
+  """Constrains every array of ``tree`` whose leading axis is ``batch`` to be split over the
+  mesh axis ``axis`` (the rest replicated); ``tree`` unchanged when ``mesh`` is None.
+
+  For caches and per-row arrays inside ``jit``: each device then keeps and updates only its
+  rows' states, with no collective in a decode step.
+  """
+  if mesh is None:
+    return tree
+  rows = NamedSharding(mesh, P(axis))
+  repl = NamedSharding(mesh, P())
+  return jax.tree.map(
+      lambda x: lax.with_sharding_constraint(x, rows if x.ndim and x.shape[0] == batch else repl),
+      tree)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature",
-                                             "top_k", "cache_dtype"))
-def _generate(graphdef, state, prompt, key, *, max_new_tokens, temperature, top_k, cache_dtype):
+                                             "top_k", "cache_dtype", "mesh"))
+def _generate(graphdef, state, prompt, key, *, max_new_tokens, temperature, top_k, cache_dtype,
+              mesh):
   model = nnx.merge(graphdef, state)
   b, tp = prompt.shape
-  cache = model.init_cache(b, tp + max_new_tokens, cache_dtype)
+  cache = shard_batch(model.init_cache(b, tp + max_new_tokens, cache_dtype), mesh, b)
 
   def feed(cache, tok):
     logits, cache = model.decode_step(tok, cache)
@@ -58,7 +76,8 @@ def _generate(graphdef, state, prompt, key, *, max_new_tokens, temperature, top_
 
 
 def generate(model: nnx.Module, prompt: Array, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, key: Array | None = None, cache_dtype=None) -> Array:
+             top_k: int | None = None, key: Array | None = None, cache_dtype=None,
+             mesh: jax.sharding.Mesh | None = None) -> Array:
   """Extends ``prompt [B, Tp]`` by ``max_new_tokens`` sampled tokens.
 
   Args:
@@ -70,6 +89,9 @@ def generate(model: nnx.Module, prompt: Array, max_new_tokens: int, *, temperatu
     top_k: sample among the ``top_k`` most likely tokens only.
     key: PRNG key (needed unless greedy).
     cache_dtype: storage dtype of KV caches (default: the parameter dtype).
+    mesh: decode at batch over devices: a mesh with a ``"data"`` axis whose size divides
+      ``B``. The prompt's rows and every cache are split over it, the parameters
+      replicated; the tokens equal the single-device ones. None: no sharding.
 
   Returns:
     ``[B, Tp + max_new_tokens]`` int32: the prompt then the new tokens.
@@ -77,8 +99,8 @@ def generate(model: nnx.Module, prompt: Array, max_new_tokens: int, *, temperatu
   Raises:
     ValueError: a prompt that is not ``[B, Tp]`` integer ids, an id outside the model's
       vocabulary (checked when the prompt is concrete), ``max_new_tokens < 1``, a negative
-      or non-finite ``temperature``, ``top_k`` outside ``1 .. vocab_size``, or no ``key``
-      when sampling.
+      or non-finite ``temperature``, ``top_k`` outside ``1 .. vocab_size``, no ``key``
+      when sampling, or a ``mesh`` without a ``"data"`` axis dividing ``B``.
   """
   if getattr(prompt, "ndim", None) != 2 or prompt.shape[1] < 1:
     raise ValueError(f"prompt must have shape [B, Tp] with Tp >= 1, got "
@@ -101,8 +123,19 @@ def generate(model: nnx.Module, prompt: Array, max_new_tokens: int, *, temperatu
       raise ValueError("key is required when sampling (temperature != 0).")
     key = jax.random.PRNGKey(0)
   graphdef, state = nnx.split(model)
+  if mesh is not None:
+    n = dict(mesh.shape).get("data")
+    if n is None or prompt.shape[0] % n:
+      raise ValueError(f"mesh must have a 'data' axis whose size divides the batch "
+                       f"{prompt.shape[0]}, got mesh axes {dict(mesh.shape)}.")
+    # Sharding constraints inside jit need Auto axes (jax.make_mesh's default is Explicit).
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
+                             axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
+    prompt = jax.device_put(prompt, NamedSharding(mesh, P("data")))
+    state = jax.device_put(state, NamedSharding(mesh, P()))
   return _generate(graphdef, state, prompt, key, max_new_tokens=int(max_new_tokens),
-                   temperature=float(temperature), top_k=top_k, cache_dtype=cache_dtype)
+                   temperature=float(temperature), top_k=top_k, cache_dtype=cache_dtype,
+                   mesh=mesh)
 
 
 def redraw_random_features(model: nnx.Module, key: Array) -> int:
