@@ -294,7 +294,7 @@ def _check_levels(level_weights, b, t, h) -> int:
   return levels
 
 
-def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array,
+def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | None,
                               level_weights: Array, *, scale: float | None = None,
                               form: str = "chunk", chunk_size: int = 64,
                               initial_state: tuple[Array, Array] | None = None,
@@ -305,7 +305,8 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array,
   Args:
     q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
     log_decay: ``[B, T, H]`` (per head) or ``[B, T, H, K]`` (per key channel),
-      ``<= 0`` (``-inf`` allowed; the sign is checked for concrete values).
+      ``<= 0`` (``-inf`` allowed; the sign is checked for concrete values), or
+      ``None`` (no decay: log-linear linear attention).
     level_weights: ``[B, T, H, L]`` weights ``lambda_t^(l)``, ``L >= 1``.
     scale: ``None`` means ``K ** -0.5``.
     form: ``"chunk"`` (default), ``"parallel"`` or ``"recurrent"``.
@@ -315,7 +316,9 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array,
     return_state: also return the final state.
     segment_ids: optional ``[B, T]`` ints; each segment starts at position 0
       with empty levels (``initial_state`` reaches the first segment only).
-    implementation: the engine's kernel choice for the chunk form.
+    implementation: ``None`` or ``"xla"``; ``"pallas"`` raises: the chunk
+      form resets the engine's state at every level's block boundaries, which
+      the chunk kernel does not take.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, (S, position))``
@@ -327,9 +330,16 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array,
   common.check_choice("form", form, common.FORMS)
   common.check_positive_int("chunk_size", chunk_size)
   common.check_segment_ids(segment_ids, b, t)
+  common.check_choice("implementation", implementation, (None, "xla", "pallas"))
+  if implementation == "pallas":
+    raise ValueError("implementation='pallas' is not available for log-linear attention: its "
+                     "chunk form resets the engine's state at every level's block boundaries, "
+                     "which the chunk kernel does not take; use None or 'xla'.")
   if initial_state is not None:
     _check_state("initial_state", initial_state, b, h, levels, dk, dv, step=False)
   acc = common.acc_dtype(q.dtype)
+  if log_decay is None:
+    log_decay = jnp.zeros((b, t, h), acc)
   if initial_state is None:
     s0, pos0 = jnp.zeros((b, h, levels, dk, dv), acc), jnp.zeros((b,), jnp.int32)
   else:
@@ -344,13 +354,14 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array,
 
 
 def loglinear_decay_step(q: Array, k: Array, v: Array, state: tuple[Array, Array],
-                         log_decay: Array, level_weights: Array, *,
+                         log_decay: Array | None, level_weights: Array, *,
                          scale: float | None = None):
   """One decoding step of :func:`loglinear_decay_attention`.
 
   Args:
     q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``(S [B, H, L, K, V],
-      position [B])`` float32; log_decay: ``[B, H]`` or ``[B, H, K]`` (``<= 0``);
+      position [B])`` float32; log_decay: ``[B, H]`` or ``[B, H, K]`` (``<= 0``)
+      or ``None``;
     level_weights: ``[B, H, L]``; scale: ``None`` means ``K ** -0.5``.
 
   Returns:
@@ -358,6 +369,8 @@ def loglinear_decay_step(q: Array, k: Array, v: Array, state: tuple[Array, Array
   """
   b, h, dk, dv = common.check_step_qkv(q, k, v)
   common.check_log_decay(log_decay, b, h, dk)
+  if log_decay is None:
+    log_decay = jnp.zeros((b, h), jnp.float32)
   common.check_float("level_weights", level_weights)
   common.check_shape("level_weights", level_weights, (b, h, None), "[B, H, L]")
   levels = level_weights.shape[-1]

@@ -199,6 +199,8 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
   return (o, state) if return_state else o
 
 
+@functools.partial(jax.jit, static_argnames=("forget_gate", "scale", "form", "chunk_size",
+                                             "implementation"))
 def _on_engine(q, k, v, i_gate, f_gate, s0, starts, segment_ids, *, forget_gate, scale, form,
                chunk_size, implementation):
   acc = s0[0].dtype

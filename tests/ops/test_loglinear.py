@@ -118,3 +118,15 @@ def test_bad_arguments_name_themselves():
     ops.loglinear_ssd(x, dt, A, Bm, C, lam, D, initial_state=(s, jnp.asarray([1.5, 0.0])))
   with pytest.raises(ValueError, match=r"\binitial_state must be a tuple"):
     ops.loglinear_ssd(x, dt, A, Bm, C, lam, D, initial_state=jnp.zeros((B, H, 3, N, P)))
+
+
+def test_no_decay_and_the_kernel_choice():
+  """``log_decay=None`` is no decay (zeros); the Pallas kernel is refused by name."""
+  rng = np.random.default_rng(6)
+  n = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  q, k, v, lam = n(B, 9, H, N), n(B, 9, H, N), n(B, 9, H, P), n(B, 9, H, 3)
+  helpers.assert_close(ops.loglinear_decay_attention(q, k, v, None, lam),
+                       ops.loglinear_decay_attention(q, k, v, jnp.zeros((B, 9, H)), lam),
+                       1e-6, 1e-6)
+  with pytest.raises(ValueError, match=r"implementation='pallas' is not available"):
+    ops.loglinear_decay_attention(q, k, v, None, lam, implementation="pallas")
