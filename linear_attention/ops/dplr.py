@@ -59,9 +59,9 @@ is ``<= 1``: log decays down to -20 per step (and ``-inf``, floored by
 and never overflow. Segment starts are exact resets, masks as in
 :mod:`linear_attention.ops.delta`.
 
-Stability is the caller's business: with unit ``b``, ``a = -c b`` and
-``0 <= c <= 2`` (elementwise for RWKV-7's ``iclr``), the transition is
-non-expansive, as for the delta rule.
+Stability is the caller's business: the engine applies any ``a, b``. For the
+delta-rule maps (unit ``b``, ``a = -beta b``, ``0 <= beta <= 2``) the
+correction ``I - beta b b^T`` is non-expansive; other choices may not be.
 """
 
 from __future__ import annotations
