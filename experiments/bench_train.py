@@ -82,9 +82,12 @@ SMALL_LOG_EVERY = 10
 # scored positions, and whether accuracy uses ``jnp.argmax`` (the trainer before the fused
 # loop) or the trainer's max + first-index form.
 VARIANTS = {
-    "before": dict(steps_per_dispatch=1, gather=True, argmax=True),
-    "no_gather": dict(steps_per_dispatch=1, gather=False, argmax=True),
-    "after": dict(steps_per_dispatch=10, gather=True, argmax=False),
+    "before": dict(steps_per_dispatch=1, gather=True, argmax=True, prefetch=True),
+    "no_gather": dict(steps_per_dispatch=1, gather=False, argmax=True, prefetch=True),
+    "after": dict(steps_per_dispatch=10, gather=True, argmax=False, prefetch=True),
+    # ``after`` with the batches made on the main thread: on a loaded machine a second thread
+    # also buys a larger share of the CPU, which this variant leaves out.
+    "after_no_prefetch": dict(steps_per_dispatch=10, gather=True, argmax=False, prefetch=False),
 }
 
 
@@ -129,8 +132,11 @@ def run_small(task: str, mixer: str, seq_len: int, variant: str, steps: int, log
   patch = contextlib.nullcontext()
   if v["argmax"]:
     patch = _patched(trainer, "first_argmax", lambda logits: jnp.argmax(logits, -1))
+  host = trainer._HostBatches
+  if not v["prefetch"]:
+    host = lambda ds, chunk_end, prefetch: trainer._HostBatches(ds, chunk_end, False)
   t0 = time.perf_counter()
-  with patch:
+  with patch, _patched(trainer, "_HostBatches", host):
     final = trainer.train_and_evaluate(cfg, workdir, dataset=ds, verbose=False)
   wall = time.perf_counter() - t0
   windows = [r["tokens_per_s"] for r in metrics_lib.read_metrics(workdir, "train")][1:]
@@ -156,7 +162,8 @@ class _patched:
 
 
 def main_small(a) -> None:
-  """``--small``: the studies' models, before/after variants interleaved, medians."""
+  """``--small``: the studies' models, the variants interleaved (in turn, the order reversed
+  every other repetition), medians."""
   import tempfile
   mixers, lens = a.mixers.split(","), [int(x) for x in a.seq_lens.split(",")]
   variants = a.variants.split(",")
@@ -174,7 +181,7 @@ def main_small(a) -> None:
     for t in lens:
       steps = max(a.steps or 30, 2 * SMALL_LOG_EVERY)
       for mx in mixers:
-        for v in variants:
+        for v in (variants if rep % 2 == 0 else variants[::-1]):  # ABBA: drift cancels
           r = run_small(a.task, mx, t, v, steps, SMALL_LOG_EVERY, os.path.join(tmp, "run"))
           r["rep"] = rep
           rows.append(r)

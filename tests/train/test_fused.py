@@ -118,3 +118,35 @@ def test_non_finite_step_inside_a_fused_chunk_is_named(tmp_path):
     train.train_and_evaluate(cfg, str(tmp_path), dataset=FakeDataset(nan_at=3), verbose=False)
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
   assert not (tmp_path / "final_metrics.json").exists()
+
+
+_MULTIDEVICE = """
+import jax, numpy as np
+assert jax.device_count() == 4, jax.devices()
+from linear_attention import train
+from tests.train.fake_data import FakeDataset, fake_config
+out = {}
+for name, data, fsdp, k in [("one", 1, False, 1), ("dp", 4, False, 3), ("fsdp", 4, True, 3)]:
+  cfg = fake_config(steps=6, eval_every=0, log_every=3, checkpoint_every=0,
+                    steps_per_dispatch=k)
+  cfg.model.d_model = 32
+  cfg.mesh.data, cfg.mesh.fsdp = data, fsdp
+  wd = f"{WORKDIR}/{name}"
+  res = train.train_and_evaluate(cfg, wd, dataset=FakeDataset(), verbose=False)
+  out[name] = [np.asarray(x) for x in jax.tree_util.tree_leaves(train.load_checkpoint(wd))]
+for name in ("dp", "fsdp"):
+  for a, b in zip(out[name], out["one"]):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+print("FUSED MULTIDEVICE OK")
+"""
+
+
+def test_fused_steps_on_four_devices_match_one_device(tmp_path):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+         "JAX_PLATFORMS": "cpu"}
+  p = subprocess.run([sys.executable, "-c", f"WORKDIR = {str(tmp_path)!r}\n" + _MULTIDEVICE],
+                     cwd=root, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0 and "FUSED MULTIDEVICE OK" in p.stdout, (p.stdout + p.stderr)[-4000:]
