@@ -114,7 +114,7 @@ def _carry_initial(s0, pos0, p_end, total, carries):
 # ----------------------------------------------------------------------- forms
 
 
-def _parallel(q, k, v, g, lam, s0, pos0, seg_info):
+def _parallel(q, k, v, g, lam, s0, pos0, seg_info, *, has_initial):
   """Masked ``T x T`` form on ``[B, T, H, *]`` arrays (``q`` scaled)."""
   p, first, seg = seg_info
   t, levels = q.shape[1], lam.shape[-1]
@@ -128,7 +128,9 @@ def _parallel(q, k, v, g, lam, s0, pos0, seg_info):
     scores = jnp.einsum("bthk,bshk,btshk->bths", q, k, jnp.exp(diff))
   lv = jnp.minimum(_bit_length(p[:, :, None] ^ p[:, None, :]), levels - 1)  # [B,T,S]
   scores = jnp.where(mask[:, :, None], scores * _gather_levels(lam, lv), 0.0)
-  o = jnp.einsum("bths,bshv->bthv", scores, v) + _initial_read(q, G, lam, s0, pos0, p, first)
+  o = jnp.einsum("bths,bshv->bthv", scores, v)
+  if has_initial:
+    o = o + _initial_read(q, G, lam, s0, pos0, p, first)
 
   # Final state: every key of the last segment in its bucket at the next position.
   last = seg == seg[:, -1:]
@@ -138,7 +140,8 @@ def _parallel(q, k, v, g, lam, s0, pos0, seg_info):
   dec = jnp.exp(jnp.where(last_x, G[:, -1:] - G, -jnp.inf))
   kd = k * _expand(dec, k.ndim)
   state = jnp.einsum("btl,bthk,bthv->bhlkv", jax.nn.one_hot(slot, levels, dtype=q.dtype), kd, v)
-  state = state + _carry_initial(s0, pos0, p_end, G[:, -1], first[:, -1])
+  if has_initial:
+    state = state + _carry_initial(s0, pos0, p_end, G[:, -1], first[:, -1])
   return o, (state, p_end)
 
 
@@ -190,8 +193,9 @@ def _chunk(q, k, v, g, lam, s0, pos0, seg_info, *, chunk_size, has_initial, impl
     below = below + out[i]
   if shared:  # the shared top: everything minus the levels below it
     o = o + lam_at(levels - 1) * (out[-1] - (below if levels > 1 else 0.0))
-  G = jnp.cumsum(g, axis=1)
-  o = o + _initial_read(q, G, lam, s0, pos0, p, first)
+  if has_initial:  # (static: skipped, not multiplied by zeros, without one)
+    G = jnp.cumsum(g, axis=1)
+    o = o + _initial_read(q, G, lam, s0, pos0, p, first)
 
   p_end = p[:, -1] + 1
   slots = [jnp.zeros((b, h, dk, dv), q.dtype)] * levels
@@ -201,7 +205,9 @@ def _chunk(q, k, v, g, lam, s0, pos0, seg_info, *, chunk_size, has_initial, impl
   if shared:
     slots[levels - 1] = states[-1] - sum((slots[lvl] for lvl in masked),
                                          jnp.zeros_like(states[-1]))
-  state = jnp.stack(slots, axis=2) + _carry_initial(s0, pos0, p_end, G[:, -1], first[:, -1])
+  state = jnp.stack(slots, axis=2)
+  if has_initial:
+    state = state + _carry_initial(s0, pos0, p_end, G[:, -1], first[:, -1])
   return o, (state, p_end)
 
 
@@ -257,7 +263,7 @@ def _forward(q, k, v, g, lam, s0, pos0, segment_ids, *, form, chunk_size, has_in
     return _recurrent(q, k, v, g, lam, s0, pos0, starts)
   seg_info = _positions(b, t, segment_ids, pos0)
   if form == "parallel":
-    return _parallel(q, k, v, g, lam, s0, pos0, seg_info)
+    return _parallel(q, k, v, g, lam, s0, pos0, seg_info, has_initial=has_initial)
   return _chunk(q, k, v, g, lam, s0, pos0, seg_info, chunk_size=min(chunk_size, t),
                 has_initial=has_initial, implementation=implementation)
 
