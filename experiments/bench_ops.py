@@ -9,7 +9,7 @@ time for the same reason. Results go to ``<out>/bench_ops.json``
 printed.
 
     python experiments/bench_ops.py                       # every case, default lengths
-    python experiments/bench_ops.py --group gated         # foundation|gated|ssm|sparse|all
+    python experiments/bench_ops.py --group gated         # foundation|gated|ssm|sparse|2025|all
     python experiments/bench_ops.py --cases chunk,naive_softmax --seqs 1024,4096
     python experiments/bench_ops.py --smoke --group all   # tiny, one subprocess, for CI
     python experiments/bench_ops.py --plan --group ssm    # XLA memory plans only, runs nothing

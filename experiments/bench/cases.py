@@ -9,7 +9,7 @@ imports no JAX) on inputs declared by shape and initialisation::
 A new op's case is one such line, or a :func:`forms` call for every form of a matrix-state
 variant. Shapes are strings of letters over :class:`Dims`: ``B`` batch, ``T`` the length,
 ``H`` heads, ``D`` key = value dim, ``C`` channels (scans, SSMs), ``N`` Mamba's state, ``M``
-S4D's modes, ``K`` Linformer's rank; a digit is a literal size. Keyword arguments are passed
+S4D's modes, ``K`` Linformer's rank, ``F`` Based's feature dim; a digit is a literal size. Keyword arguments are passed
 as given, except an :class:`Input` (an array built like the positional ones; differentiated
 unless ``grad=False``) and a :class:`Dim` (a size read from the run's :class:`Dims`).
 """
@@ -46,6 +46,7 @@ class Dims:
   bb_random: int = 2
   bb_global: int = 2
   linformer_k: int = 256
+  F: int = 16  # Based / ReBased feature dim of q and k
 
   def shape(self, spec: str, t: int) -> tuple[int, ...]:
     """``spec`` (``"BTHD"``) as a shape at length ``t``.
@@ -54,7 +55,7 @@ class Dims:
       ValueError: a letter that names no size.
     """
     sizes = {"B": self.B, "T": t, "H": self.H, "D": self.D, "C": self.C, "N": self.N,
-             "M": self.M, "K": self.linformer_k}
+             "M": self.M, "K": self.linformer_k, "F": self.F}
     bad = [c for c in spec if c not in sizes and not c.isdigit()]
     if bad:
       raise ValueError(f"shape {spec!r}: unknown letters {bad}; expected digits or {list(sizes)}.")
@@ -340,6 +341,11 @@ def _first_globals(key, s, d):
   return jnp.zeros(s, bool).at[:, :d.globals].set(True)
 
 
+def _forget_preact(key, s, d):
+  import jax
+  return 3.0 + jax.random.normal(key, s)
+
+
 def _prng_key(key, s, d):
   return key
 
@@ -362,7 +368,34 @@ add("linformer", "sparse", "linformer_attention",
     [*QKV, computed("KT", _linformer_projection), computed("KT", _linformer_projection)],
     flops.linformer, LINEAR)
 
+# The 2025 generation, chunk forms (their other forms share the engines above).
+# Based and ReBased: q and k projected to 16 features, then the Taylor / squared map
+# (1 + 16 + 136 and 136 features, the products stored as upper triangles).
+QK16 = (normal("BTHF", 0.5), normal("BTHF", 0.5))
+add("based_chunk", "2025", "linear_attention", [*QK16, normal("BTHD")],
+    flops.feature_chunk(153), LINEAR, feature_map="taylor", form="chunk", chunk_size=CHUNK)
+add("rebased_chunk", "2025", "rebased_attention", [*QK16, normal("BTHD"), ones("F"),
+                                                   normal("F", 0.0)],
+    flops.feature_chunk(136), LINEAR, form="chunk", chunk_size=CHUNK)
+# Forgetting attention: softmax with forget gates around sigmoid(2) (its bias init).
+add("forgetting_blockwise", "2025", "forgetting_attention",
+    [*QKV, log_sigmoid("BTH", scale=0.1)], flops.quadratic, LINEAR, algorithm="blockwise")
+# On the diagonal-plus-low-rank engine: RWKV-7 (decay as RWKV-6's, unit removal keys,
+# learning rates in (0, 1)), Kimi Delta Attention, Gated DeltaProduct with 2 steps a token.
+add("rwkv7_chunk", "2025", "rwkv7", [*QKV, computed("BTHD", _rwkv6_decay), unit("BTHD"),
+                                     sigmoid("BTHD")],
+    flops.delta_chunk, LINEAR, form="chunk", chunk_size=CHUNK)
+add("kda_chunk", "2025", "kda", [unit("BTHD"), unit("BTHD"), normal("BTHD"), sigmoid("BTH"),
+                                 log_sigmoid("BTHD", scale=1 / 16)],
+    flops.delta_chunk, LINEAR, form="chunk", chunk_size=CHUNK)
+add("gated_deltaproduct_chunk", "2025", "gated_deltaproduct",
+    [unit("BTHD"), unit("BTH2D"), normal("BTH2D"), sigmoid("BTH2"), log_sigmoid("BTH")],
+    lambda t, d: 2 * flops.delta_chunk(t, d), LINEAR, form="chunk", chunk_size=CHUNK)
+# mLSTM: input-gate pre-activations N(0, 1), forget gates around sigmoid(3).
+add("mlstm_chunk", "2025", "mlstm", [*QKV, normal("BTH"), computed("BTH", _forget_preact)],
+    flops.chunk, LINEAR, form="chunk", chunk_size=CHUNK)
+
 GROUPS = {g: [c for c, case in CASES.items() if case.group == g]
-          for g in ("foundation", "gated", "ssm", "sparse")}
+          for g in ("foundation", "gated", "ssm", "sparse", "2025")}
 GROUPS["sparse"].append("naive_softmax")  # the baseline of the sparse methods
 GROUPS["all"] = list(CASES)

@@ -27,6 +27,14 @@ def chunk(t, d):
   return d.B * d.H * t * (2 * d.chunk * 2 * d.D + 4 * d.D * d.D)
 
 
+def feature_chunk(features: int):
+  """:func:`chunk` with ``features`` key features against values of width ``D`` (Based's
+  Taylor map, ReBased's squares), the normaliser column left out."""
+  def count(t, d):
+    return d.B * d.H * t * (2 * d.chunk * (features + d.D) + 4 * features * d.D)
+  return count
+
+
 def recurrent(t, d):
   return d.B * d.H * t * 4 * d.D * d.D  # per token: the update k v^T (2KV) and the read (2KV)
 
