@@ -20,6 +20,8 @@ through Gloo. Two processes on one machine::
 When one process dies, the others fail at their next collective with one ``error:`` line
 (exit 1); rerunning every process resumes from the last checkpoint.
 
+JAX's own flags are accepted too (``--jax_platforms=cpu``, ``--jax_enable_x64``, ...).
+
 Exit status (``linear_attention.train.errors.EXIT_CODES``); the last line of a failure is
 one ``error: ...`` line:
 
@@ -197,6 +199,8 @@ def main(argv) -> None:
 
 
 def run() -> None:
+  import jax
+  jax.config.config_with_absl()  # JAX's own flags on this command line (--jax_platforms=cpu, ...)
   app.run(main, flags_parser=_parse_flags)
 
 
