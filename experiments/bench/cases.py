@@ -9,7 +9,7 @@ imports no JAX) on inputs declared by shape and initialisation::
 A new op's case is one such line, or a :func:`forms` call for every form of a matrix-state
 variant. Shapes are strings of letters over :class:`Dims`: ``B`` batch, ``T`` the length,
 ``H`` heads, ``D`` key = value dim, ``C`` channels (scans, SSMs), ``N`` Mamba's state, ``M``
-S4D's modes, ``K`` Linformer's rank, ``F`` Based's feature dim; a digit is a literal size. Keyword arguments are passed
+S4D's modes, ``K`` Linformer's rank, ``F`` Based's feature dim, ``L`` log-linear levels; a digit is a literal size. Keyword arguments are passed
 as given, except an :class:`Input` (an array built like the positional ones; differentiated
 unless ``grad=False``) and a :class:`Dim` (a size read from the run's :class:`Dims`).
 """
@@ -47,6 +47,7 @@ class Dims:
   bb_global: int = 2
   linformer_k: int = 256
   F: int = 16  # Based / ReBased feature dim of q and k
+  L: int = 17  # log-linear levels: log2(64k) + 1, enough for every length measured
 
   def shape(self, spec: str, t: int) -> tuple[int, ...]:
     """``spec`` (``"BTHD"``) as a shape at length ``t``.
@@ -55,7 +56,7 @@ class Dims:
       ValueError: a letter that names no size.
     """
     sizes = {"B": self.B, "T": t, "H": self.H, "D": self.D, "C": self.C, "N": self.N,
-             "M": self.M, "K": self.linformer_k, "F": self.F}
+             "M": self.M, "K": self.linformer_k, "F": self.F, "L": self.L}
     bad = [c for c in spec if c not in sizes and not c.isdigit()]
     if bad:
       raise ValueError(f"shape {spec!r}: unknown letters {bad}; expected digits or {list(sizes)}.")
@@ -346,6 +347,11 @@ def _forget_preact(key, s, d):
   return 3.0 + jax.random.normal(key, s)
 
 
+def _softplus_normal(key, s, d):
+  import jax
+  return jax.nn.softplus(jax.random.normal(key, s))
+
+
 def _prng_key(key, s, d):
   return key
 
@@ -394,6 +400,12 @@ add("gated_deltaproduct_chunk", "2025", "gated_deltaproduct",
 # mLSTM: input-gate pre-activations N(0, 1), forget gates around sigmoid(3).
 add("mlstm_chunk", "2025", "mlstm", [*QKV, normal("BTH"), computed("BTH", _forget_preact)],
     flops.chunk, LINEAR, form="chunk", chunk_size=CHUNK)
+
+# Log-linear Mamba-2 on SSD's inputs, level weights softplus(N(0, 1)) (about 0.7).
+add("loglinear_ssd_chunk", "2025", "loglinear_ssd",
+    [normal("BTHD"), log_uniform("BTH", 1e-3, 0.1), uniform("H", -16, -1), normal("BT1D"),
+     normal("BT1D"), computed("BTHL", _softplus_normal)],
+    lambda t, d: d.L * flops.chunk(t, d), LINEAR, form="chunk", chunk_size=CHUNK)
 
 GROUPS = {g: [c for c, case in CASES.items() if case.group == g]
           for g in ("foundation", "gated", "ssm", "sparse", "2025")}
