@@ -224,6 +224,23 @@ def check_segment_ids(segment_ids: Array | None, batch: int, seq: int) -> None:
     )
 
 
+def check_sequence_args(form: str, chunk_size: int, segment_ids: Array | None, batch: int,
+                        seq: int, initial_state: Array | None = None,
+                        state_shape: Sequence[int] | None = None) -> None:
+  """The arguments every sequence op shares: ``form`` one of :data:`FORMS`, a positive
+  ``chunk_size``, ``segment_ids [batch, seq]`` ints and, when ``state_shape`` is given, an
+  ``initial_state`` of that shape (ops with a structured state check theirs themselves).
+
+  Raises:
+    ValueError: naming the first bad argument, what was expected and what was received.
+  """
+  check_choice("form", form, FORMS)
+  check_positive_int("chunk_size", chunk_size)
+  if state_shape is not None:
+    check_state("initial_state", initial_state, state_shape)
+  check_segment_ids(segment_ids, batch, seq)
+
+
 def check_state(name: str, state: Array | None, expected: Sequence[int]) -> None:
   """Raises unless ``state`` is ``None`` or a floating array of shape ``expected``."""
   if state is None:

@@ -48,10 +48,7 @@ _BLOCK_CHUNKS = 16
 def _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids):
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_log_decay(log_decay, b, t, h, dk)
-  common.check_choice("form", form, common.FORMS)
-  common.check_positive_int("chunk_size", chunk_size)
-  common.check_state("initial_state", initial_state, (b, h, dk, dv))
-  common.check_segment_ids(segment_ids, b, t)
+  common.check_sequence_args(form, chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv))
   return b, t, h, dk, dv
 
 

@@ -86,10 +86,7 @@ def _check_inputs(q, k, v, beta, log_decay, form, chunk_size, initial_state, seg
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   _check_beta(beta, (b, t, h), "[B, T, H]")
   common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
-  common.check_choice("form", form, common.FORMS)
-  common.check_positive_int("chunk_size", chunk_size)
-  common.check_state("initial_state", initial_state, (b, h, dk, dv))
-  common.check_segment_ids(segment_ids, b, t)
+  common.check_sequence_args(form, chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv))
   return b, t, h, dk, dv
 
 

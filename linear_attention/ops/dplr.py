@@ -105,15 +105,9 @@ def _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state, seg
   common.check_same_dtype(q=q, k=k, v=v)
   dv = v.shape[-1]
   common.check_log_decay(log_decay, bsz, t, h, dk)
-  _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv)
+  common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
+                             (bsz, h, dk, dv))
   return bsz, t, h, dk, dv
-
-
-def _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv):
-  common.check_choice("form", form, common.FORMS)
-  common.check_positive_int("chunk_size", chunk_size)
-  common.check_state("initial_state", initial_state, (bsz, h, dk, dv))
-  common.check_segment_ids(segment_ids, bsz, t)
 
 
 def dplr_attention(
@@ -529,7 +523,8 @@ def rwkv7(
   """
   bsz, t, h, dk, dv = common.check_qkv(r, k, v, names=("r", "k", "v"))
   _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, t, h))
-  _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv)
+  common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
+                             (bsz, h, dk, dv))
   ea, eb = _rwkv7_ab(kappa, a, common.acc_dtype(r.dtype))
   o, state = _run(r, k, v, ea, eb, log_w, scale=common.resolve_scale(scale, dk), form=form,
                   chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
@@ -609,7 +604,8 @@ def kda(
   bsz, t, h, dk, dv = common.check_qkv(q, k, v)
   delta_ops._check_beta(beta, (bsz, t, h), "[B, T, H]")
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
-  _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv)
+  common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
+                             (bsz, h, dk, dv))
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
@@ -712,7 +708,8 @@ def gated_deltaproduct(
   bsz, t, h, dk = q.shape
   common.check_seq_len(t, "axis 1 of q")
   _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
-  _check_common(form, chunk_size, initial_state, segment_ids, bsz, t, h, dk, dv)
+  common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
+                             (bsz, h, dk, dv))
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))

@@ -333,9 +333,7 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | N
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_log_decay(log_decay, b, t, h, dk)
   levels = _check_levels(level_weights, b, t, h)
-  common.check_choice("form", form, common.FORMS)
-  common.check_positive_int("chunk_size", chunk_size)
-  common.check_segment_ids(segment_ids, b, t)
+  common.check_sequence_args(form, chunk_size, segment_ids, b, t)
   common.check_choice("implementation", implementation, (None, "xla", "pallas"))
   if implementation == "pallas":
     raise ValueError("implementation='pallas' is not available for log-linear attention: its "

@@ -174,9 +174,7 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
   """
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   _check_gates(i_gate, f_gate, (b, t, h), forget_gate)
-  common.check_choice("form", form, common.FORMS)
-  common.check_positive_int("chunk_size", chunk_size)
-  common.check_segment_ids(segment_ids, b, t)
+  common.check_sequence_args(form, chunk_size, segment_ids, b, t)
   if initial_state is not None:
     _check_state("initial_state", initial_state, b, h, dk, dv, step=False)
   scale = common.resolve_scale(scale, dk)
