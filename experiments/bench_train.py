@@ -132,9 +132,9 @@ def run_small(task: str, mixer: str, seq_len: int, variant: str, steps: int, log
   patch = contextlib.nullcontext()
   if v["argmax"]:
     patch = _patched(trainer, "first_argmax", lambda logits: jnp.argmax(logits, -1))
-  host = trainer._HostBatches
+  host = original = trainer._HostBatches
   if not v["prefetch"]:
-    host = lambda ds, chunk_end, prefetch: trainer._HostBatches(ds, chunk_end, False)
+    host = lambda ds, chunk_end, prefetch: original(ds, chunk_end, False)
   t0 = time.perf_counter()
   with patch, _patched(trainer, "_HostBatches", host):
     final = trainer.train_and_evaluate(cfg, workdir, dataset=ds, verbose=False)
