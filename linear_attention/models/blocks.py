@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from linear_attention.nn import base
+from linear_attention.nn import modules
 from linear_attention.nn import registry
 
 Array = jax.Array
@@ -24,8 +24,8 @@ class GLUMLP(nnx.Module):
                param_dtype=jnp.float32):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.hidden = hidden
-    self.up = base.dense(d_model, 2 * hidden, **kw)  # gate and up, one matmul
-    self.down = base.dense(hidden, d_model, **kw)
+    self.up = modules.dense(d_model, 2 * hidden, **kw)  # gate and up, one matmul
+    self.down = modules.dense(hidden, d_model, **kw)
 
   def __call__(self, x: Array) -> Array:
     """``[..., D] -> [..., D]``."""
@@ -66,7 +66,7 @@ class Block(nnx.Module):
     self.mixer_norm = norm()
     # No activation: a linear mix of the last few tokens, which the mixer's own
     # projections then read (keys from the previous token, values from this one).
-    self.pre_conv = base.ShortConv(d_model, short_conv, activation=None, rngs=rngs,
+    self.pre_conv = modules.ShortConv(d_model, short_conv, activation=None, rngs=rngs,
                                    param_dtype=param_dtype) if short_conv else None
     self.mixer = registry.make_mixer(mixer, d_model, num_heads, rngs=rngs, dtype=dtype,
                                      param_dtype=param_dtype, **dict(mixer_kwargs or {}))

@@ -17,7 +17,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from linear_attention.models import lm
-from linear_attention.nn.base import RandomFeatures
+from linear_attention.nn.modules import RandomFeatures
 
 Array = jax.Array
 

@@ -16,7 +16,8 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.models.blocks import Block
-from linear_attention.nn import base
+from linear_attention.nn import modules
+from linear_attention.nn.mixer import check_positive
 from linear_attention.nn import registry
 
 Array = jax.Array
@@ -58,7 +59,7 @@ def resolve_pattern(num_layers: int | None, mixer: str | None = None,
     ValueError: unknown letters or names, or neither/both of ``mixer`` and ``pattern``.
   """
   if num_layers is not None:
-    base.check_positive("num_layers (None: the pattern's length)", num_layers)
+    check_positive("num_layers (None: the pattern's length)", num_layers)
   if pattern is None:
     if mixer is None or num_layers is None:
       raise ValueError("give mixer= and num_layers=, or a pattern=.")
@@ -97,8 +98,8 @@ class Backbone(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
-    base.check_positive("vocab_size", vocab_size)
-    base.check_positive("d_model", d_model)
+    check_positive("vocab_size", vocab_size)
+    check_positive("d_model", d_model)
     names = resolve_pattern(num_layers, mixer, pattern, pattern_letters)
     mixer_kwargs = dict(mixer_kwargs or {})
     unknown = sorted(set(mixer_kwargs) - set(registry.MIXERS))
@@ -178,7 +179,7 @@ class LanguageModel(nnx.Module):
     if non_causal:
       raise ValueError(f"a causal language model cannot use the encoder mixers {non_causal}.")
     self.tie_embeddings = tie_embeddings
-    self.lm_head = None if tie_embeddings else base.dense(
+    self.lm_head = None if tie_embeddings else modules.dense(
         d_model, vocab_size, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
   @property
@@ -246,7 +247,7 @@ class SequenceClassifier(nnx.Module):
                short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     if pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}.")
-    base.check_positive("num_classes", num_classes)
+    check_positive("num_classes", num_classes)
     self.pooling = pooling
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
@@ -255,7 +256,7 @@ class SequenceClassifier(nnx.Module):
                              dtype=dtype, param_dtype=param_dtype)
     self.cls = (nnx.Param(0.02 * jax.random.normal(rngs.params(), (d_model,)).astype(param_dtype))
                 if pooling == "cls" else None)
-    self.head = base.dense(d_model, num_classes, use_bias=True, rngs=rngs, dtype=dtype,
+    self.head = modules.dense(d_model, num_classes, use_bias=True, rngs=rngs, dtype=dtype,
                            param_dtype=param_dtype)
 
   def __call__(self, tokens: Array, mask: Array | None = None) -> Array:

@@ -8,7 +8,8 @@ project knows about one and :func:`select` the names that match a tag.
 from linear_attention.nn.attention import (BigBirdAttention, ForgettingAttention,
                                            LinformerAttention, LocalAttention,
                                            LongformerAttention, SoftmaxAttention)
-from linear_attention.nn.base import Mixer, RandomFeatures
+from linear_attention.nn.mixer import Mixer
+from linear_attention.nn.modules import RandomFeatures
 from linear_attention.nn.delta import (DeltaNet, GatedDeltaNet, GatedDeltaProduct,
                                        KimiDeltaAttention, RWKV7TimeMix)
 from linear_attention.nn.gated import (HGRN2, GatedLinearAttention, Mamba2, MultiScaleRetention,

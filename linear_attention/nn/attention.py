@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from linear_attention.nn import base
+from linear_attention.nn import mixer, modules
 from linear_attention.nn.mixer import check_positive
 from linear_attention.ops import common as common_ops
 from linear_attention.ops import lowrank as lowrank_ops
@@ -24,7 +24,7 @@ from linear_attention.ops import sparse as sparse_ops
 Array = jax.Array
 
 
-class SoftmaxAttention(base.Mixer):
+class SoftmaxAttention(mixer.Mixer):
   """Multi-head softmax attention with RoPE and grouped-query heads.
 
   Keys and values have ``num_kv_heads`` heads (1: multi-query; ``num_heads``:
@@ -38,9 +38,9 @@ class SoftmaxAttention(base.Mixer):
                rope_base: float = 10000.0, implementation: str | None = None,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    base.check_divisible("num_heads", num_heads, "num_kv_heads", num_kv_heads)
+    mixer.check_divisible("num_heads", num_heads, "num_kv_heads", num_kv_heads)
     if head_dim is None:
-      base.check_divisible("d_model", d_model, "num_heads", num_heads)
+      mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
       head_dim = d_model // num_heads
     if use_rope and head_dim % 2:
       raise ValueError(f"head_dim must be even for RoPE, got {head_dim}.")
@@ -48,10 +48,10 @@ class SoftmaxAttention(base.Mixer):
     self.causal, self.use_rope, self.rope_base = causal, use_rope, rope_base
     self.implementation = implementation
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.q_proj = base.dense(d_model, num_heads * head_dim, **kw)
-    self.k_proj = base.dense(d_model, num_kv_heads * head_dim, **kw)
-    self.v_proj = base.dense(d_model, num_kv_heads * head_dim, **kw)
-    self.o_proj = base.dense(num_heads * head_dim, d_model, **kw)
+    self.q_proj = modules.dense(d_model, num_heads * head_dim, **kw)
+    self.k_proj = modules.dense(d_model, num_kv_heads * head_dim, **kw)
+    self.v_proj = modules.dense(d_model, num_kv_heads * head_dim, **kw)
+    self.o_proj = modules.dense(num_heads * head_dim, d_model, **kw)
 
   @property
   def groups(self) -> int:
@@ -60,11 +60,11 @@ class SoftmaxAttention(base.Mixer):
 
   def _qkv(self, x: Array, positions: Array):
     """``x [B, T, D]`` -> rotated ``q [B,T,H,Dh]``, ``k [B,T,Hkv,Dh]``, ``v [B,T,Hkv,Dh]``."""
-    q = base.split_heads(self.q_proj(x), self.num_heads)
-    k = base.split_heads(self.k_proj(x), self.num_kv_heads)
-    v = base.split_heads(self.v_proj(x), self.num_kv_heads)
+    q = modules.split_heads(self.q_proj(x), self.num_heads)
+    k = modules.split_heads(self.k_proj(x), self.num_kv_heads)
+    v = modules.split_heads(self.v_proj(x), self.num_kv_heads)
     if self.use_rope:
-      q, k = base.rope(q, positions, self.rope_base), base.rope(k, positions, self.rope_base)
+      q, k = modules.rope(q, positions, self.rope_base), modules.rope(k, positions, self.rope_base)
     return q, k, v
 
   def _attend(self, q, k, v, segment_ids):
@@ -74,10 +74,10 @@ class SoftmaxAttention(base.Mixer):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``; ``segment_ids [B, T]`` packs sequences."""
     b, t, _ = x.shape
-    q, k, v = self._qkv(x, base.positions_of(b, t, segment_ids))
-    o = self._attend(q, base.repeat_kv(k, self.groups), base.repeat_kv(v, self.groups),
+    q, k, v = self._qkv(x, modules.positions_of(b, t, segment_ids))
+    o = self._attend(q, modules.repeat_kv(k, self.groups), modules.repeat_kv(v, self.groups),
                      segment_ids)
-    return self.o_proj(base.merge_heads(o.astype(x.dtype)))
+    return self.o_proj(modules.merge_heads(o.astype(x.dtype)))
 
   def _cache_len(self, max_len: int) -> int:
     return max_len
@@ -133,10 +133,10 @@ class SoftmaxAttention(base.Mixer):
     scale = self.head_dim**-0.5
     bias, extra = self._decode_bias(x, cache, slot)
     o, _ = softmax_ops.dense_attention_stats(
-        q, base.repeat_kv(keys, self.groups).astype(q.dtype),
-        base.repeat_kv(values, self.groups).astype(q.dtype), visible[None, None, :], scale,
+        q, modules.repeat_kv(keys, self.groups).astype(q.dtype),
+        modules.repeat_kv(values, self.groups).astype(q.dtype), visible[None, None, :], scale,
         bias)
-    y = self.o_proj(base.merge_heads(o[:, 0].astype(x.dtype)))
+    y = self.o_proj(modules.merge_heads(o[:, 0].astype(x.dtype)))
     new = {**cache, **extra, "k": keys, "v": values, "pos": pos + 1}
     if limit is not None:
       new["overflow"] = cache["overflow"] | (pos >= limit)
@@ -165,7 +165,7 @@ class ForgettingAttention(SoftmaxAttention):
     softmax_ops.check_implementation(None, algorithm)
     check_positive("block_size", block_size)
     self.algorithm, self.block_size = algorithm, block_size
-    self.fgate_proj = base.dense(d_model, num_heads, use_bias=True, rngs=rngs, dtype=dtype,
+    self.fgate_proj = modules.dense(d_model, num_heads, use_bias=True, rngs=rngs, dtype=dtype,
                                  param_dtype=param_dtype)
 
   def _log_fgate(self, x: Array) -> Array:
@@ -175,11 +175,11 @@ class ForgettingAttention(SoftmaxAttention):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``; ``segment_ids [B, T]`` packs sequences."""
     b, t, _ = x.shape
-    q, k, v = self._qkv(x, base.positions_of(b, t, segment_ids))
+    q, k, v = self._qkv(x, modules.positions_of(b, t, segment_ids))
     o = softmax_ops.forgetting_attention(
-        q, base.repeat_kv(k, self.groups), base.repeat_kv(v, self.groups), self._log_fgate(x),
+        q, modules.repeat_kv(k, self.groups), modules.repeat_kv(v, self.groups), self._log_fgate(x),
         segment_ids=segment_ids, algorithm=self.algorithm, block_size=self.block_size)
-    return self.o_proj(base.merge_heads(o.astype(x.dtype)))
+    return self.o_proj(modules.merge_heads(o.astype(x.dtype)))
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
     """:meth:`SoftmaxAttention.init_cache` plus ``"log_forget" [B, L, H]`` and
@@ -263,11 +263,11 @@ class LongformerAttention(SoftmaxAttention):
 
   def init_cache(self, batch, max_len, dtype=jnp.float32):
     """Not supported: Longformer is an encoder mixer here."""
-    return base.Mixer.init_cache(self, batch, max_len, dtype)
+    return mixer.Mixer.init_cache(self, batch, max_len, dtype)
 
   def decode_step(self, x, cache):
     """Not supported: Longformer is an encoder mixer here."""
-    return base.Mixer.decode_step(self, x, cache)
+    return mixer.Mixer.decode_step(self, x, cache)
 
 
 class BigBirdAttention(SoftmaxAttention):

@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from linear_attention.nn import base
+from linear_attention.nn import mixer, modules
 from linear_attention.ops import delta as delta_ops
 from linear_attention.ops import dplr as dplr_ops
 
 Array = jax.Array
 
 
-class DeltaNet(base.Mixer):
+class DeltaNet(mixer.Mixer):
   """DeltaNet (Schlag et al. 2021; chunkwise training of Yang et al. 2024).
 
   ``o = W_o(RMSNorm(deltanet(q, k, v, beta)) * swish(W_g x))`` (the output gate
@@ -42,29 +42,29 @@ class DeltaNet(base.Mixer):
   def _build(self, d_model, num_heads, steps, *, conv_width, use_short_conv, use_gate,
              allow_neg_eigval, chunk_size, norm_eps, rngs, dtype, param_dtype):
     """The parameters of the family; ``steps`` keys, values and betas per token."""
-    base.check_divisible("d_model", d_model, "num_heads", num_heads)
+    mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
     self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
     self.allow_neg_eigval, self.chunk_size, self.use_gate = allow_neg_eigval, chunk_size, use_gate
     self.steps = steps
     width = (1 + 2 * steps) * d_model  # q, then the steps' keys, then their values
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.qkv_proj = base.dense(d_model, width, **kw)
-    self.conv = (base.ShortConv(width, conv_width, use_bias=False, rngs=rngs,
+    self.qkv_proj = modules.dense(d_model, width, **kw)
+    self.conv = (modules.ShortConv(width, conv_width, use_bias=False, rngs=rngs,
                                 param_dtype=param_dtype) if use_short_conv else None)
-    self.b_proj = base.dense(d_model, steps * num_heads, **kw)
-    self.g_proj = base.dense(d_model, d_model, **kw) if use_gate else None
-    self.o_norm = base.HeadNorm(self.head_dim, eps=norm_eps, rngs=rngs, param_dtype=param_dtype)
-    self.o_proj = base.dense(d_model, d_model, **kw)
+    self.b_proj = modules.dense(d_model, steps * num_heads, **kw)
+    self.g_proj = modules.dense(d_model, d_model, **kw) if use_gate else None
+    self.o_norm = modules.HeadNorm(self.head_dim, eps=norm_eps, rngs=rngs, param_dtype=param_dtype)
+    self.o_proj = modules.dense(d_model, d_model, **kw)
 
   def _heads(self, qkv, x):
     d, h, n = self.d_model, self.num_heads, self.steps
-    q = base.split_heads(qkv[..., :d], h)
+    q = modules.split_heads(qkv[..., :d], h)
     k, v = qkv[..., d:(1 + n) * d], qkv[..., (1 + n) * d:]
     beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
     if self.allow_neg_eigval:
       beta = 2.0 * beta
     if n == 1:
-      return q, base.split_heads(k, h), base.split_heads(v, h), beta.astype(x.dtype)
+      return q, modules.split_heads(k, h), modules.split_heads(v, h), beta.astype(x.dtype)
     # [..., n * D] -> [..., H, n, Dh]: step j of head i reads columns (j, i).
     steps = lambda z, w: jnp.swapaxes(z.reshape(z.shape[:-1] + (n, h, w)), -3, -2)
     beta = jnp.swapaxes(beta.reshape(beta.shape[:-1] + (n, h)), -2, -1)
@@ -85,8 +85,8 @@ class DeltaNet(base.Mixer):
   def _out(self, o, x):
     o = self.o_norm(o.astype(x.dtype))
     if self.g_proj is not None:
-      o = o * jax.nn.silu(base.split_heads(self.g_proj(x), self.num_heads))
-    return self.o_proj(base.merge_heads(o))
+      o = o * jax.nn.silu(modules.split_heads(self.g_proj(x), self.num_heads))
+    return self.o_proj(modules.merge_heads(o))
 
   def _log_decay(self, x):
     return None
@@ -149,11 +149,11 @@ class GatedDeltaNet(DeltaNet):
 def _scalar_gate(layer, d_model, num_heads, dt_min, dt_max, rngs, dtype, param_dtype):
   """Mamba-2's gate parameters: ``a_proj``, ``A_log`` (``exp`` in ``[1, 16]``) and
   ``dt_bias`` (``softplus`` in ``[dt_min, dt_max]``), one per head."""
-  layer.a_proj = base.dense(d_model, num_heads, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-  layer.A_log = base.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
+  layer.a_proj = modules.dense(d_model, num_heads, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+  layer.A_log = modules.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
                                                       minval=1.0, maxval=16.0)), param_dtype)
-  dt = jnp.maximum(base.log_uniform(rngs.params(), (num_heads,), dt_min, dt_max), 1e-4)
-  layer.dt_bias = base.param(base.inverse_softplus(dt), param_dtype)
+  dt = jnp.maximum(modules.log_uniform(rngs.params(), (num_heads,), dt_min, dt_max), 1e-4)
+  layer.dt_bias = modules.param(modules.inverse_softplus(dt), param_dtype)
 
 
 def _scalar_log_decay(layer, x):
@@ -181,24 +181,24 @@ class KimiDeltaAttention(DeltaNet):
                 use_gate=False, allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size,
                 norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     rank = self.head_dim if gate_low_rank is None else gate_low_rank
-    base.check_positive("gate_low_rank", rank)
+    mixer.check_positive("gate_low_rank", rank)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.f_down, self.f_up = base.dense(d_model, rank, **kw), base.dense(rank, d_model, **kw)
-    self.A_log = base.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
+    self.f_down, self.f_up = modules.dense(d_model, rank, **kw), modules.dense(rank, d_model, **kw)
+    self.A_log = modules.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
                                                        minval=1.0, maxval=16.0)), param_dtype)
-    dt = jnp.maximum(base.log_uniform(rngs.params(), (d_model,), dt_min, dt_max), 1e-4)
-    self.dt_bias = base.param(base.inverse_softplus(dt), param_dtype)
-    self.out_down, self.out_up = base.dense(d_model, rank, **kw), base.dense(rank, d_model, **kw)
+    dt = jnp.maximum(modules.log_uniform(rngs.params(), (d_model,), dt_min, dt_max), 1e-4)
+    self.dt_bias = modules.param(modules.inverse_softplus(dt), param_dtype)
+    self.out_down, self.out_up = modules.dense(d_model, rank, **kw), modules.dense(rank, d_model, **kw)
 
   def _log_decay(self, x):
     f = self.f_up(self.f_down(x)).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
     rate = jnp.exp(self.A_log[...].astype(jnp.float32))[:, None]  # [H, 1]
-    return -rate * jax.nn.softplus(base.split_heads(f, self.num_heads))  # [..., H, Dh]
+    return -rate * jax.nn.softplus(modules.split_heads(f, self.num_heads))  # [..., H, Dh]
 
   def _out(self, o, x):
     o = self.o_norm(o.astype(x.dtype))
     gate = jax.nn.sigmoid(self.out_up(self.out_down(x)))
-    return self.o_proj(base.merge_heads(o) * gate)
+    return self.o_proj(modules.merge_heads(o) * gate)
 
   def _mix(self, q, k, v, beta, x, segment_ids):
     return dplr_ops.kda(q, k, v, beta, self._log_decay(x), chunk_size=self.chunk_size,
@@ -222,7 +222,7 @@ class GatedDeltaProduct(DeltaNet):
                use_gate: bool = True, allow_neg_eigval: bool = False, dt_min: float = 1e-3,
                dt_max: float = 1e-1, chunk_size: int = 64, norm_eps: float = 1e-5,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
-    base.check_positive("num_householder", num_householder)
+    mixer.check_positive("num_householder", num_householder)
     self._build(d_model, num_heads, num_householder, conv_width=conv_width,
                 use_short_conv=use_short_conv, use_gate=use_gate,
                 allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size, norm_eps=norm_eps,
@@ -248,7 +248,7 @@ class GatedDeltaProduct(DeltaNet):
                                             normalize_qk=True)
 
 
-class RWKV7TimeMix(base.Mixer):
+class RWKV7TimeMix(mixer.Mixer):
   """RWKV-7 "Goose" time mixing (Peng et al. 2025, arXiv:2503.14456).
 
   Token shift with one learned interpolation per branch (``r, w, k, v, a, g``);
@@ -264,36 +264,36 @@ class RWKV7TimeMix(base.Mixer):
   def __init__(self, d_model: int, num_heads: int, *, decay_low_rank: int = 64,
                a_low_rank: int = 64, gate_low_rank: int = 128, chunk_size: int = 64,
                norm_eps: float = 64e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
-    base.check_divisible("d_model", d_model, "num_heads", num_heads)
+    mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
     for name, value in (("decay_low_rank", decay_low_rank), ("a_low_rank", a_low_rank),
                         ("gate_low_rank", gate_low_rank)):
-      base.check_positive(name, value)
+      mixer.check_positive(name, value)
     self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
     self.chunk_size = chunk_size
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     ratio = jnp.arange(d_model, dtype=jnp.float32) / d_model
     # Token-shift interpolations for r, w, k, v, a, g, spread over [0, 1) across channels.
-    self.mix = base.param(jnp.stack([1.0 - ratio ** p for p in (0.2, 0.9, 0.7, 0.7, 0.9, 0.2)]),
+    self.mix = modules.param(jnp.stack([1.0 - ratio ** p for p in (0.2, 0.9, 0.7, 0.7, 0.9, 0.2)]),
                           param_dtype)
     small = lambda shape: (1e-2 * jax.random.normal(rngs.params(), shape)).astype(param_dtype)
     # Decay from slow (sigmoid(-6): log w ~ -0.0015) to fast (sigmoid(0.5): log w ~ -0.38).
-    self.w0 = base.param(-6.0 + 6.5 * ratio ** 0.7, param_dtype)
+    self.w0 = modules.param(-6.0 + 6.5 * ratio ** 0.7, param_dtype)
     self.w1, self.w2 = nnx.Param(small((d_model, decay_low_rank))), nnx.Param(
         small((decay_low_rank, d_model)))
-    self.a0 = base.param(jnp.zeros((d_model,)), param_dtype)
+    self.a0 = modules.param(jnp.zeros((d_model,)), param_dtype)
     self.a1, self.a2 = nnx.Param(small((d_model, a_low_rank))), nnx.Param(
         small((a_low_rank, d_model)))
     self.g1, self.g2 = nnx.Param(small((d_model, gate_low_rank))), nnx.Param(
         small((gate_low_rank, d_model)))
-    self.removal_scale = base.param(jnp.full((d_model,), 0.85), param_dtype)  # xi
-    self.replacement_mix = base.param(jnp.ones((d_model,)), param_dtype)  # alpha
-    self.bonus = base.param(jnp.full((num_heads, self.head_dim), 0.5), param_dtype)  # rho
-    self.r_proj = base.dense(d_model, d_model, **kw)
-    self.k_proj = base.dense(d_model, d_model, **kw)
-    self.v_proj = base.dense(d_model, d_model, **kw)
-    self.o_norm = base.HeadNorm(self.head_dim, eps=norm_eps, center=True, rngs=rngs,
+    self.removal_scale = modules.param(jnp.full((d_model,), 0.85), param_dtype)  # xi
+    self.replacement_mix = modules.param(jnp.ones((d_model,)), param_dtype)  # alpha
+    self.bonus = modules.param(jnp.full((num_heads, self.head_dim), 0.5), param_dtype)  # rho
+    self.r_proj = modules.dense(d_model, d_model, **kw)
+    self.k_proj = modules.dense(d_model, d_model, **kw)
+    self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.o_norm = modules.HeadNorm(self.head_dim, eps=norm_eps, center=True, rngs=rngs,
                                 param_dtype=param_dtype)
-    self.o_proj = base.dense(d_model, d_model, **kw)
+    self.o_proj = modules.dense(d_model, d_model, **kw)
 
   def _inputs(self, x, x_prev):
     dt, h, f32 = x.dtype, self.num_heads, jnp.float32
@@ -301,28 +301,28 @@ class RWKV7TimeMix(base.Mixer):
     xx = x_prev - x
     mix = p(self.mix)
     xr, xw, xk, xv, xa, xg = (x + xx * mix[i] for i in range(6))
-    r, k, v = (base.split_heads(proj(z), h) for proj, z in
+    r, k, v = (modules.split_heads(proj(z), h) for proj, z in
                ((self.r_proj, xr), (self.k_proj, xk), (self.v_proj, xv)))
     d = self.w0[...].astype(f32) + (jnp.tanh(xw @ p(self.w1)) @ p(self.w2)).astype(f32)
-    log_w = base.split_heads(-jnp.exp(-0.5) * jax.nn.sigmoid(d), h)
+    log_w = modules.split_heads(-jnp.exp(-0.5) * jax.nn.sigmoid(d), h)
     a = jax.nn.sigmoid(self.a0[...].astype(f32) + ((xa @ p(self.a1)) @ p(self.a2)).astype(f32))
-    a = base.split_heads(a, h)
+    a = modules.split_heads(a, h)
     g = jax.nn.sigmoid(xg @ p(self.g1)) @ p(self.g2)
     kf = k.astype(f32)
-    kappa = kf * base.split_heads(self.removal_scale[...].astype(f32), h)
+    kappa = kf * modules.split_heads(self.removal_scale[...].astype(f32), h)
     kappa = kappa * jax.lax.rsqrt(jnp.sum(kappa * kappa, axis=-1, keepdims=True) + 1e-12)
-    alpha = base.split_heads(self.replacement_mix[...].astype(f32), h)
+    alpha = modules.split_heads(self.replacement_mix[...].astype(f32), h)
     k_tilde = (kf * (1.0 + (a - 1.0) * alpha)).astype(dt)  # the op wants r, k, v in one dtype
     return r, k_tilde, v, log_w, kappa, a, g
 
   def _out(self, o, r, k, v, g, x):
     o = self.o_norm(o.astype(x.dtype)).astype(jnp.float32)
     o = o + dplr_ops.rwkv7_bonus(r, k, v, self.bonus[...])  # after the norm, as in RWKV-7
-    return self.o_proj(base.merge_heads(o).astype(x.dtype) * g)
+    return self.o_proj(modules.merge_heads(o).astype(x.dtype) * g)
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
-    r, k, v, log_w, kappa, a, g = self._inputs(x, base.token_shift(x, segment_ids))
+    r, k, v, log_w, kappa, a, g = self._inputs(x, modules.token_shift(x, segment_ids))
     o = dplr_ops.rwkv7(r, k, v, log_w, kappa, a, chunk_size=self.chunk_size,
                        segment_ids=segment_ids)
     return self._out(o, r, k, v, g, x)

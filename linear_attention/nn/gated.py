@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from linear_attention.nn import base
+from linear_attention.nn import mixer, modules
 from linear_attention.ops import gated as gated_ops
 
 Array = jax.Array
@@ -21,7 +21,7 @@ def _f32(x: Array) -> Array:
   return x.astype(jnp.float32)
 
 
-class GatedLinearAttention(base.Mixer):
+class GatedLinearAttention(mixer.Mixer):
   """GLA (Yang et al. 2023): linear attention with a data-dependent per-channel forget gate.
 
   ``log_g = logsigmoid(W2 W1 x + b) / gate_logit_normalizer`` (a low-rank gate;
@@ -35,32 +35,32 @@ class GatedLinearAttention(base.Mixer):
                gate_logit_normalizer: float = 16.0, chunk_size: int = 64, norm_eps: float = 1e-5,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
-    base.check_divisible("key_dim (expand_k * d_model)", key_dim, "num_heads", num_heads)
-    base.check_divisible("value_dim (expand_v * d_model)", value_dim, "num_heads", num_heads)
+    mixer.check_divisible("key_dim (expand_k * d_model)", key_dim, "num_heads", num_heads)
+    mixer.check_divisible("value_dim (expand_v * d_model)", value_dim, "num_heads", num_heads)
     self.num_heads, self.chunk_size = num_heads, chunk_size
     self.key_dim, self.value_dim = key_dim, value_dim
     self.gate_logit_normalizer = gate_logit_normalizer
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.q_proj = base.dense(d_model, key_dim, **kw)
-    self.k_proj = base.dense(d_model, key_dim, **kw)
-    self.v_proj = base.dense(d_model, value_dim, **kw)
-    self.g_proj = base.dense(d_model, value_dim, **kw)
-    self.gk_down = base.dense(d_model, gate_low_rank, **kw)
-    self.gk_up = base.dense(gate_low_rank, key_dim, use_bias=True, **kw)
-    self.o_norm = base.HeadNorm(value_dim // num_heads, eps=norm_eps, rngs=rngs,
+    self.q_proj = modules.dense(d_model, key_dim, **kw)
+    self.k_proj = modules.dense(d_model, key_dim, **kw)
+    self.v_proj = modules.dense(d_model, value_dim, **kw)
+    self.g_proj = modules.dense(d_model, value_dim, **kw)
+    self.gk_down = modules.dense(d_model, gate_low_rank, **kw)
+    self.gk_up = modules.dense(gate_low_rank, key_dim, use_bias=True, **kw)
+    self.o_norm = modules.HeadNorm(value_dim // num_heads, eps=norm_eps, rngs=rngs,
                                 param_dtype=param_dtype)
-    self.o_proj = base.dense(value_dim, d_model, **kw)
+    self.o_proj = modules.dense(value_dim, d_model, **kw)
 
   def _inputs(self, x):
     h = self.num_heads
-    q, k, v = (base.split_heads(p(x), h) for p in (self.q_proj, self.k_proj, self.v_proj))
+    q, k, v = (modules.split_heads(p(x), h) for p in (self.q_proj, self.k_proj, self.v_proj))
     log_g = jax.nn.log_sigmoid(_f32(self.gk_up(self.gk_down(x)))) / self.gate_logit_normalizer
-    return q, k, v, base.split_heads(log_g, h)
+    return q, k, v, modules.split_heads(log_g, h)
 
   def _out(self, o, x):
-    g = base.split_heads(self.g_proj(x), self.num_heads)
+    g = modules.split_heads(self.g_proj(x), self.num_heads)
     o = self.o_norm(o.astype(x.dtype)) * jax.nn.silu(g)
-    return self.o_proj(base.merge_heads(o))
+    return self.o_proj(modules.merge_heads(o))
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
@@ -80,7 +80,7 @@ class GatedLinearAttention(base.Mixer):
     return self._out(o, x), {"state": state}
 
 
-class MultiScaleRetention(base.Mixer):
+class MultiScaleRetention(mixer.Mixer):
   """RetNet multi-scale retention (Sun et al. 2023).
 
   A fixed decay ``gamma_h = 1 - 2^(-5-h)`` per head, rotary positions on
@@ -93,34 +93,34 @@ class MultiScaleRetention(base.Mixer):
                use_rope: bool = True, chunk_size: int = 64, norm_eps: float = 1e-5,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     value_dim = int(d_model * expand_v)
-    base.check_divisible("d_model", d_model, "num_heads", num_heads)
-    base.check_divisible("value_dim (expand_v * d_model)", value_dim, "num_heads", num_heads)
+    mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
+    mixer.check_divisible("value_dim (expand_v * d_model)", value_dim, "num_heads", num_heads)
     self.num_heads, self.chunk_size, self.use_rope = num_heads, chunk_size, use_rope
     self.key_dim, self.value_dim = d_model, value_dim
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.q_proj = base.dense(d_model, d_model, **kw)
-    self.k_proj = base.dense(d_model, d_model, **kw)
-    self.v_proj = base.dense(d_model, value_dim, **kw)
-    self.g_proj = base.dense(d_model, value_dim, **kw)
-    self.o_norm = base.HeadNorm(value_dim // num_heads, eps=norm_eps, center=True, rngs=rngs,
+    self.q_proj = modules.dense(d_model, d_model, **kw)
+    self.k_proj = modules.dense(d_model, d_model, **kw)
+    self.v_proj = modules.dense(d_model, value_dim, **kw)
+    self.g_proj = modules.dense(d_model, value_dim, **kw)
+    self.o_norm = modules.HeadNorm(value_dim // num_heads, eps=norm_eps, center=True, rngs=rngs,
                                 param_dtype=param_dtype)
-    self.o_proj = base.dense(value_dim, d_model, **kw)
+    self.o_proj = modules.dense(value_dim, d_model, **kw)
 
   def _inputs(self, x, positions):
     h = self.num_heads
-    q, k, v = (base.split_heads(p(x), h) for p in (self.q_proj, self.k_proj, self.v_proj))
+    q, k, v = (modules.split_heads(p(x), h) for p in (self.q_proj, self.k_proj, self.v_proj))
     if self.use_rope:
-      q, k = base.rope(q, positions), base.rope(k, positions)
+      q, k = modules.rope(q, positions), modules.rope(k, positions)
     return q, k, v
 
   def _out(self, o, x):
-    g = base.split_heads(self.g_proj(x), self.num_heads)
-    return self.o_proj(base.merge_heads(self.o_norm(o.astype(x.dtype)) * jax.nn.silu(g)))
+    g = modules.split_heads(self.g_proj(x), self.num_heads)
+    return self.o_proj(modules.merge_heads(self.o_norm(o.astype(x.dtype)) * jax.nn.silu(g)))
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     b, t, _ = x.shape
-    q, k, v = self._inputs(x, base.positions_of(b, t, segment_ids))
+    q, k, v = self._inputs(x, modules.positions_of(b, t, segment_ids))
     o = gated_ops.retention(q, k, v, chunk_size=self.chunk_size, segment_ids=segment_ids)
     return self._out(o, x)
 
@@ -138,7 +138,7 @@ class MultiScaleRetention(base.Mixer):
     return self._out(o, x), {"state": state, "pos": cache["pos"] + 1}
 
 
-class HGRN2(base.Mixer):
+class HGRN2(mixer.Mixer):
   """HGRN2 (Qin et al. 2024): gated linear RNN with state expansion; the forget gate is the key.
 
   ``f = lower_bound + (1 - lower_bound) sigmoid(W_f x)``, state
@@ -150,32 +150,32 @@ class HGRN2(base.Mixer):
   def __init__(self, d_model: int, num_heads: int, *, lower_bound: float = 0.0,
                chunk_size: int = 64, norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
-    base.check_divisible("d_model", d_model, "num_heads", num_heads)
+    mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
     if not 0.0 <= lower_bound < 1.0:
       raise ValueError(f"lower_bound must lie in [0, 1), got {lower_bound}.")
     self.num_heads, self.head_dim = num_heads, d_model // num_heads
     self.lower_bound, self.chunk_size = lower_bound, chunk_size
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.q_proj = base.dense(d_model, d_model, **kw)
-    self.f_proj = base.dense(d_model, d_model, **kw)
-    self.i_proj = base.dense(d_model, d_model, **kw)
-    self.o_norm = base.HeadNorm(self.head_dim, eps=norm_eps, rngs=rngs, param_dtype=param_dtype)
-    self.o_proj = base.dense(d_model, d_model, **kw)
+    self.q_proj = modules.dense(d_model, d_model, **kw)
+    self.f_proj = modules.dense(d_model, d_model, **kw)
+    self.i_proj = modules.dense(d_model, d_model, **kw)
+    self.o_norm = modules.HeadNorm(self.head_dim, eps=norm_eps, rngs=rngs, param_dtype=param_dtype)
+    self.o_proj = modules.dense(d_model, d_model, **kw)
 
   def _inputs(self, x):
     h = self.num_heads
-    q = base.split_heads(jax.nn.silu(self.q_proj(x)), h)
+    q = modules.split_heads(jax.nn.silu(self.q_proj(x)), h)
     f = _f32(self.f_proj(x))
     if self.lower_bound == 0.0:
       log_f = jax.nn.log_sigmoid(f)
     else:
       lb = self.lower_bound
       log_f = jnp.log(lb + (1.0 - lb) * jax.nn.sigmoid(f))
-    v = base.split_heads(self.i_proj(x), h)
-    return q, base.split_heads(log_f, h), v
+    v = modules.split_heads(self.i_proj(x), h)
+    return q, modules.split_heads(log_f, h), v
 
   def _out(self, o, x):
-    return self.o_proj(base.merge_heads(self.o_norm(o.astype(x.dtype))))
+    return self.o_proj(modules.merge_heads(self.o_norm(o.astype(x.dtype))))
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
@@ -195,7 +195,7 @@ class HGRN2(base.Mixer):
     return self._out(o, x), {"state": state}
 
 
-class RWKV6TimeMix(base.Mixer):
+class RWKV6TimeMix(mixer.Mixer):
   """RWKV-6 "Finch" time mixing (Peng et al. 2024).
 
   Data-dependent token shift: ``x`` and the previous token ``x_prev`` are mixed
@@ -208,30 +208,30 @@ class RWKV6TimeMix(base.Mixer):
   def __init__(self, d_model: int, num_heads: int, *, mix_low_rank: int = 32,
                decay_low_rank: int = 64, chunk_size: int = 64, norm_eps: float = 64e-5,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
-    base.check_divisible("d_model", d_model, "num_heads", num_heads)
+    mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
     self.num_heads, self.head_dim, self.chunk_size = num_heads, d_model // num_heads, chunk_size
     self.d_model = d_model
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     ratio = jnp.arange(d_model, dtype=jnp.float32) / d_model
     # Interpolation weights start spread over [0, 1) across channels, as in RWKV.
-    self.maa_x = base.param(1.0 - ratio, param_dtype)
-    self.maa_wkvrg = base.param(jnp.stack([1.0 - ratio ** p for p in (0.5, 1.0, 0.7, 0.5, 0.3)]),
+    self.maa_x = modules.param(1.0 - ratio, param_dtype)
+    self.maa_wkvrg = modules.param(jnp.stack([1.0 - ratio ** p for p in (0.5, 1.0, 0.7, 0.5, 0.3)]),
                                 param_dtype)  # [5, D]
     small = lambda shape: (1e-2 * jax.random.normal(rngs.params(), shape)).astype(param_dtype)
     self.maa_w1 = nnx.Param(small((d_model, 5 * mix_low_rank)))
     self.maa_w2 = nnx.Param(small((5, mix_low_rank, d_model)))
     # Per-channel base decay from fast (-6 -> w ~ 1) to slow; log_w = -exp(w).
-    self.decay_base = base.param(-6.0 + 5.0 * ratio ** 0.7, param_dtype)
+    self.decay_base = modules.param(-6.0 + 5.0 * ratio ** 0.7, param_dtype)
     self.decay_w1 = nnx.Param(small((d_model, decay_low_rank)))
     self.decay_w2 = nnx.Param(small((decay_low_rank, d_model)))
-    self.bonus = base.param(jnp.full((num_heads, self.head_dim), 0.5), param_dtype)
-    self.r_proj = base.dense(d_model, d_model, **kw)
-    self.k_proj = base.dense(d_model, d_model, **kw)
-    self.v_proj = base.dense(d_model, d_model, **kw)
-    self.g_proj = base.dense(d_model, d_model, **kw)
-    self.o_norm = base.HeadNorm(self.head_dim, eps=norm_eps, center=True, rngs=rngs,
+    self.bonus = modules.param(jnp.full((num_heads, self.head_dim), 0.5), param_dtype)
+    self.r_proj = modules.dense(d_model, d_model, **kw)
+    self.k_proj = modules.dense(d_model, d_model, **kw)
+    self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.g_proj = modules.dense(d_model, d_model, **kw)
+    self.o_norm = modules.HeadNorm(self.head_dim, eps=norm_eps, center=True, rngs=rngs,
                                 param_dtype=param_dtype)
-    self.o_proj = base.dense(d_model, d_model, **kw)
+    self.o_proj = modules.dense(d_model, d_model, **kw)
 
   def _inputs(self, x, x_prev):
     dt = x.dtype
@@ -243,21 +243,21 @@ class RWKV6TimeMix(base.Mixer):
     mix = mix + self.maa_wkvrg[...].astype(dt)
     xw, xk, xv, xr, xg = (x + xx * mix[..., i, :] for i in range(5))
     h = self.num_heads
-    r, k, v = (base.split_heads(p(z), h) for p, z in
+    r, k, v = (modules.split_heads(p(z), h) for p, z in
                ((self.r_proj, xr), (self.k_proj, xk), (self.v_proj, xv)))
     w = _f32(self.decay_base[...]) + _f32(
         jnp.tanh(xw @ self.decay_w1[...].astype(dt)) @ self.decay_w2[...].astype(dt))
-    log_w = base.split_heads(-jnp.exp(w), h)
+    log_w = modules.split_heads(-jnp.exp(w), h)
     g = jax.nn.silu(self.g_proj(xg))
     return r, k, v, log_w, g
 
   def _out(self, o, g, x):
     o = self.o_norm(o.astype(x.dtype))
-    return self.o_proj(base.merge_heads(o) * g)
+    return self.o_proj(modules.merge_heads(o) * g)
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
-    r, k, v, log_w, g = self._inputs(x, base.token_shift(x, segment_ids))
+    r, k, v, log_w, g = self._inputs(x, modules.token_shift(x, segment_ids))
     o = gated_ops.rwkv6(r, k, v, log_w, self.bonus[...].astype(jnp.float32),
                         chunk_size=self.chunk_size, segment_ids=segment_ids)
     return self._out(o, g, x)
@@ -276,7 +276,7 @@ class RWKV6TimeMix(base.Mixer):
     return self._out(o, g, x), {"state": state, "shift": x.astype(jnp.float32)}
 
 
-class Mamba2(base.Mixer):
+class Mamba2(mixer.Mixer):
   """Mamba-2 block (Dao & Gu 2024): in-projection, short conv, SSD, gated RMSNorm, out-projection.
 
   ``d_inner = expand * D`` split into ``num_heads`` heads of ``d_inner / num_heads``;
@@ -291,22 +291,22 @@ class Mamba2(base.Mixer):
                dt_max: float = 1e-1, chunk_size: int = 64, norm_eps: float = 1e-5,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     d_inner = expand * d_model
-    base.check_divisible("d_inner (expand * d_model)", d_inner, "num_heads", num_heads)
-    base.check_divisible("num_heads", num_heads, "ngroups", ngroups)
+    mixer.check_divisible("d_inner (expand * d_model)", d_inner, "num_heads", num_heads)
+    mixer.check_divisible("num_heads", num_heads, "ngroups", ngroups)
     self.num_heads, self.head_dim, self.d_inner = num_heads, d_inner // num_heads, d_inner
     self.d_state, self.ngroups, self.chunk_size = d_state, ngroups, chunk_size
     conv_dim = d_inner + 2 * ngroups * d_state
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.in_proj = base.dense(d_model, d_inner + conv_dim + num_heads, **kw)
-    self.conv = base.ShortConv(conv_dim, conv_width, rngs=rngs, param_dtype=param_dtype)
-    self.A_log = base.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
+    self.in_proj = modules.dense(d_model, d_inner + conv_dim + num_heads, **kw)
+    self.conv = modules.ShortConv(conv_dim, conv_width, rngs=rngs, param_dtype=param_dtype)
+    self.A_log = modules.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
                                                        minval=1.0, maxval=16.0)), param_dtype)
-    dt = jnp.maximum(base.log_uniform(rngs.params(), (num_heads,), dt_min, dt_max), 1e-4)
-    self.dt_bias = base.param(base.inverse_softplus(dt), param_dtype)
-    self.D = base.param(jnp.ones((num_heads,)), param_dtype)
-    self.norm = base.HeadNorm(d_inner // ngroups, eps=norm_eps, rngs=rngs,
+    dt = jnp.maximum(modules.log_uniform(rngs.params(), (num_heads,), dt_min, dt_max), 1e-4)
+    self.dt_bias = modules.param(modules.inverse_softplus(dt), param_dtype)
+    self.D = modules.param(jnp.ones((num_heads,)), param_dtype)
+    self.norm = modules.HeadNorm(d_inner // ngroups, eps=norm_eps, rngs=rngs,
                               param_dtype=param_dtype)
-    self.out_proj = base.dense(d_inner, d_model, **kw)
+    self.out_proj = modules.dense(d_inner, d_model, **kw)
 
   def _split(self, zxbcdt):
     di, gn = self.d_inner, self.ngroups * self.d_state
@@ -317,17 +317,17 @@ class Mamba2(base.Mixer):
 
   def _ssd_args(self, xbc):
     di, gn = self.d_inner, self.ngroups * self.d_state
-    x = base.split_heads(xbc[..., :di], self.num_heads)
-    b = base.split_heads(xbc[..., di:di + gn], self.ngroups)
-    c = base.split_heads(xbc[..., di + gn:], self.ngroups)
+    x = modules.split_heads(xbc[..., :di], self.num_heads)
+    b = modules.split_heads(xbc[..., di:di + gn], self.ngroups)
+    c = modules.split_heads(xbc[..., di + gn:], self.ngroups)
     return x, b, c
 
   def _params(self):
     return (-jnp.exp(_f32(self.A_log[...])), _f32(self.D[...]), _f32(self.dt_bias[...]))
 
   def _out(self, y, z):
-    y = base.merge_heads(y) * jax.nn.silu(z)
-    y = base.merge_heads(self.norm(base.split_heads(y, self.ngroups)))
+    y = modules.merge_heads(y) * jax.nn.silu(z)
+    y = modules.merge_heads(self.norm(modules.split_heads(y, self.ngroups)))
     return self.out_proj(y)
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:

@@ -12,14 +12,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from linear_attention.nn import base
+from linear_attention.nn import mixer, modules
 from linear_attention.ops import feature_maps as fm
 from linear_attention.ops import linear as linear_ops
 
 Array = jax.Array
 
 
-class LinearAttention(base.Mixer):
+class LinearAttention(mixer.Mixer):
   """Multi-head kernelized linear attention with a feature map.
 
   Deterministic maps (``elu``, ``relu``, ``identity``) have feature width
@@ -40,7 +40,7 @@ class LinearAttention(base.Mixer):
     if feature_map in fm.RANDOM_MAPS:
       m = fm.default_num_features(self.head_dim) if num_features is None else num_features
       orthogonal = feature_map == "favor+"
-      self.projection = base.RandomFeatures(
+      self.projection = modules.RandomFeatures(
           fm.random_projection(rngs.params(), m, self.head_dim, orthogonal=orthogonal),
           orthogonal=orthogonal)
     else:
@@ -51,7 +51,7 @@ class LinearAttention(base.Mixer):
              param_dtype) -> None:
     """The projections and settings shared by the subclasses: q and k get ``key_dim``
     per head (``None``: the head dimension ``d_model / num_heads``), v the head dimension."""
-    base.check_divisible("d_model", d_model, "num_heads", num_heads)
+    mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
     if feature_map not in fm.FEATURE_MAPS:
       raise ValueError(f"feature_map must be one of {list(fm.FEATURE_MAPS)}, got {feature_map!r}.")
     self.num_heads, self.head_dim = num_heads, d_model // num_heads
@@ -59,10 +59,10 @@ class LinearAttention(base.Mixer):
     self.feature_map, self.normalize, self.causal = feature_map, normalize, causal
     self.chunk_size = chunk_size
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.q_proj = base.dense(d_model, num_heads * self.key_dim, **kw)
-    self.k_proj = base.dense(d_model, num_heads * self.key_dim, **kw)
-    self.v_proj = base.dense(d_model, d_model, **kw)
-    self.o_proj = base.dense(d_model, d_model, **kw)
+    self.q_proj = modules.dense(d_model, num_heads * self.key_dim, **kw)
+    self.k_proj = modules.dense(d_model, num_heads * self.key_dim, **kw)
+    self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.o_proj = modules.dense(d_model, d_model, **kw)
 
   @property
   def num_features(self) -> int:
@@ -79,7 +79,7 @@ class LinearAttention(base.Mixer):
     return None if self.projection is None else self.projection[...]
 
   def _qkv(self, x):
-    return tuple(base.split_heads(p(x), self.num_heads)
+    return tuple(modules.split_heads(p(x), self.num_heads)
                  for p in (self.q_proj, self.k_proj, self.v_proj))
 
   def _attend(self, q, k, v, segment_ids):
@@ -95,7 +95,7 @@ class LinearAttention(base.Mixer):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     q, k, v = self._qkv(x)
-    return self.o_proj(base.merge_heads(self._attend(q, k, v, segment_ids)))
+    return self.o_proj(modules.merge_heads(self._attend(q, k, v, segment_ids)))
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
     """``{"state": [B, H, F, Dh (+1)] float32}``; O(1) in ``max_len``."""
@@ -110,7 +110,7 @@ class LinearAttention(base.Mixer):
       return super().decode_step(x, cache)
     q, k, v = self._qkv(x)
     o, state = self._step(q, k, v, cache["state"])
-    return self.o_proj(base.merge_heads(o)), {"state": state}
+    return self.o_proj(modules.merge_heads(o)), {"state": state}
 
 
 class Based(LinearAttention):
@@ -129,7 +129,7 @@ class Based(LinearAttention):
   def __init__(self, d_model: int, num_heads: int, *, feature_dim: int = 16,
                causal: bool = True, chunk_size: int = 64, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
-    base.check_positive("feature_dim", feature_dim)
+    mixer.check_positive("feature_dim", feature_dim)
     self._build(d_model, num_heads, feature_dim, feature_map="taylor", normalize=True,
                 causal=causal, chunk_size=chunk_size, rngs=rngs, dtype=dtype,
                 param_dtype=param_dtype)
@@ -149,7 +149,7 @@ class ReBased(LinearAttention):
   def __init__(self, d_model: int, num_heads: int, *, feature_dim: int = 16,
                causal: bool = True, chunk_size: int = 64, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
-    base.check_positive("feature_dim", feature_dim)
+    mixer.check_positive("feature_dim", feature_dim)
     self._build(d_model, num_heads, feature_dim, feature_map="squared", normalize=True,
                 causal=causal, chunk_size=chunk_size, rngs=rngs, dtype=dtype,
                 param_dtype=param_dtype)

@@ -14,14 +14,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from linear_attention.nn import base
+from linear_attention.nn import mixer, modules
 from linear_attention.ops import rglru as rglru_ops
 from linear_attention.ops import ssm as ssm_ops
 
 Array = jax.Array
 
 
-class Mamba(base.Mixer):
+class Mamba(mixer.Mixer):
   """Mamba-1 block (Gu & Dao 2023).
 
   ``x, z = W_in u``; ``x = silu(conv1d(x))``; ``dt, B, C = W_x x`` (``dt`` of
@@ -41,18 +41,18 @@ class Mamba(base.Mixer):
     dt_rank = math.ceil(d_model / 16) if dt_rank is None else dt_rank
     self.d_inner, self.d_state, self.dt_rank, self.chunk_size = d_inner, d_state, dt_rank, chunk_size
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.in_proj = base.dense(d_model, 2 * d_inner, **kw)
-    self.conv = base.ShortConv(d_inner, conv_width, rngs=rngs, param_dtype=param_dtype)
-    self.x_proj = base.dense(d_inner, dt_rank + 2 * d_state, **kw)
+    self.in_proj = modules.dense(d_model, 2 * d_inner, **kw)
+    self.conv = modules.ShortConv(d_inner, conv_width, rngs=rngs, param_dtype=param_dtype)
+    self.x_proj = modules.dense(d_inner, dt_rank + 2 * d_state, **kw)
     # dt_proj's weight scaled as in Mamba (std dt_rank^-0.5); its bias is dt_bias.
-    self.dt_proj = base.dense(dt_rank, d_inner, kernel_init=nnx.initializers.uniform(
+    self.dt_proj = modules.dense(dt_rank, d_inner, kernel_init=nnx.initializers.uniform(
         2 * dt_rank**-0.5), **kw)
-    dt = jnp.maximum(base.log_uniform(rngs.params(), (d_inner,), dt_min, dt_max), 1e-4)
-    self.dt_bias = base.param(base.inverse_softplus(dt), param_dtype)
+    dt = jnp.maximum(modules.log_uniform(rngs.params(), (d_inner,), dt_min, dt_max), 1e-4)
+    self.dt_bias = modules.param(modules.inverse_softplus(dt), param_dtype)
     a = jnp.broadcast_to(jnp.arange(1, d_state + 1, dtype=jnp.float32), (d_inner, d_state))
-    self.A_log = base.param(jnp.log(a), param_dtype)
-    self.D = base.param(jnp.ones((d_inner,)), param_dtype)
-    self.out_proj = base.dense(d_inner, d_model, **kw)
+    self.A_log = modules.param(jnp.log(a), param_dtype)
+    self.D = modules.param(jnp.ones((d_inner,)), param_dtype)
+    self.out_proj = modules.dense(d_inner, d_model, **kw)
 
   def _ssm_inputs(self, x):
     dbc = self.x_proj(x)
@@ -96,7 +96,7 @@ class BlockDiagonalLinear(nnx.Module):
   """``[..., H * W] -> [..., H * W]`` with one ``[W, W]`` matrix (and bias) per head."""
 
   def __init__(self, width: int, num_heads: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
-    base.check_divisible("width", width, "num_heads", num_heads)
+    mixer.check_divisible("width", width, "num_heads", num_heads)
     self.num_heads = num_heads
     w = width // num_heads
     init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=1, out_axis=2)
@@ -105,12 +105,12 @@ class BlockDiagonalLinear(nnx.Module):
 
   def __call__(self, x: Array) -> Array:
     """Applies the per-head matrices; returns the dtype of ``x``."""
-    xh = base.split_heads(x, self.num_heads)
+    xh = modules.split_heads(x, self.num_heads)
     y = jnp.einsum("...hi,hij->...hj", xh, self.w[...].astype(x.dtype)) + self.b[...].astype(x.dtype)
-    return base.merge_heads(y)
+    return modules.merge_heads(y)
 
 
-class HawkBlock(base.Mixer):
+class HawkBlock(mixer.Mixer):
   """Hawk / Griffin recurrent block (De et al. 2024).
 
   Two branches of width ``lru_width``: ``gelu(W_y x)`` and ``W_x x`` through a
@@ -128,16 +128,16 @@ class HawkBlock(base.Mixer):
     width = d_model if lru_width is None else lru_width
     self.width, self.c, self.chunk_size = width, c, chunk_size
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.y_proj = base.dense(d_model, width, use_bias=True, **kw)
-    self.x_proj = base.dense(d_model, width, use_bias=True, **kw)
-    self.conv = base.ShortConv(width, conv_width, activation=None, rngs=rngs,
+    self.y_proj = modules.dense(d_model, width, use_bias=True, **kw)
+    self.x_proj = modules.dense(d_model, width, use_bias=True, **kw)
+    self.conv = modules.ShortConv(width, conv_width, activation=None, rngs=rngs,
                                param_dtype=param_dtype)
     self.gate_r = BlockDiagonalLinear(width, num_heads, rngs=rngs, param_dtype=param_dtype)
     self.gate_i = BlockDiagonalLinear(width, num_heads, rngs=rngs, param_dtype=param_dtype)
     a2 = jax.random.uniform(rngs.params(), (width,), minval=min_rad**2, maxval=max_rad**2)
     # a = sigmoid(L)^c  <=>  softplus(-L) = -log(a) / c  <=>  L = -log(expm1(-log(a) / c)).
-    self.log_lambda = base.param(-jnp.log(jnp.expm1(-0.5 * jnp.log(a2) / c)), param_dtype)
-    self.out_proj = base.dense(width, d_model, use_bias=True, **kw)
+    self.log_lambda = modules.param(-jnp.log(jnp.expm1(-0.5 * jnp.log(a2) / c)), param_dtype)
+    self.out_proj = modules.dense(width, d_model, use_bias=True, **kw)
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
@@ -167,7 +167,7 @@ class HawkBlock(base.Mixer):
     return self.out_proj(h * y), {"conv": conv_state, "state": state, "pos": cache["pos"] + 1}
 
 
-class S4DLayer(base.Mixer):
+class S4DLayer(mixer.Mixer):
   """S4D (Gu et al. 2022) as a sequence mixer: one diagonal complex SSM per channel.
 
   ``y = GLU(W_out gelu(s4d(x)))``. ``A = -exp(log_neg_A_real) + i A_imag`` from
@@ -182,14 +182,14 @@ class S4DLayer(base.Mixer):
     del num_heads
     self.d_model, self.d_state, self.form = d_model, d_state, form
     a_re, a_im = ssm_ops.s4d_init(init, d_state, d_model)
-    self.log_neg_A_real = base.param(jnp.log(-a_re), param_dtype)
-    self.A_imag = base.param(a_im, param_dtype)
+    self.log_neg_A_real = modules.param(jnp.log(-a_re), param_dtype)
+    self.A_imag = modules.param(a_im, param_dtype)
     c = jax.random.normal(rngs.params(), (2, d_model, d_state)) * (0.5**0.5)
-    self.C = base.param(c, param_dtype)  # real and imaginary parts
-    self.log_dt = base.param(ssm_ops.s4d_log_dt_init(rngs.params(), d_model, dt_min, dt_max),
+    self.C = modules.param(c, param_dtype)  # real and imaginary parts
+    self.log_dt = modules.param(ssm_ops.s4d_log_dt_init(rngs.params(), d_model, dt_min, dt_max),
                              param_dtype)
-    self.D = base.param(jax.random.normal(rngs.params(), (d_model,)), param_dtype)
-    self.out_proj = base.dense(d_model, 2 * d_model, use_bias=True, rngs=rngs, dtype=dtype,
+    self.D = modules.param(jax.random.normal(rngs.params(), (d_model,)), param_dtype)
+    self.out_proj = modules.dense(d_model, 2 * d_model, use_bias=True, rngs=rngs, dtype=dtype,
                                param_dtype=param_dtype)
 
   def _params(self):

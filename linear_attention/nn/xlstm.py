@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.nn import base, gated
+from linear_attention.nn import gated, mixer, modules
 from linear_attention.ops import loglinear as loglinear_ops
 # Names, not the module: ``ops.mlstm`` is the function (ops/__init__ exports it).
 from linear_attention.ops.mlstm import FORGET_GATES, init_mlstm_state, mlstm, mlstm_step
@@ -29,7 +29,7 @@ class BlockDiagonal(nnx.Module):
 
   def __init__(self, features: int, block_size: int, *, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
-    base.check_divisible("features", features, "block_size", block_size)
+    mixer.check_divisible("features", features, "block_size", block_size)
     self.block_size, self.dtype = block_size, dtype
     shape = (features // block_size, block_size, block_size)
     self.kernel = nnx.Param(
@@ -43,7 +43,7 @@ class BlockDiagonal(nnx.Module):
     return y.reshape(x.shape)
 
 
-class MLSTM(base.Mixer):
+class MLSTM(mixer.Mixer):
   """The mLSTM block of xLSTM (Beck et al. 2024), pre-up-projection form.
 
   ``x`` goes up to ``2 * d_inner`` (``d_inner = expand * D``): a branch ``u``
@@ -61,38 +61,38 @@ class MLSTM(base.Mixer):
                qkv_block_size: int = 4, forget_gate: str = "sigmoid", chunk_size: int = 64, norm_eps: float = 1e-5,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     d_inner = expand * d_model
-    base.check_divisible("d_inner (expand * d_model)", d_inner, "num_heads", num_heads)
+    mixer.check_divisible("d_inner (expand * d_model)", d_inner, "num_heads", num_heads)
     if forget_gate not in FORGET_GATES:
       raise ValueError(f"forget_gate must be one of {list(FORGET_GATES)}, "
                        f"got {forget_gate!r}.")
     self.num_heads, self.d_inner, self.head_dim = num_heads, d_inner, d_inner // num_heads
     self.forget_gate, self.chunk_size = forget_gate, chunk_size
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.up_proj = base.dense(d_model, 2 * d_inner, **kw)
-    self.conv = base.ShortConv(d_inner, conv_width, rngs=rngs, param_dtype=param_dtype)
+    self.up_proj = modules.dense(d_model, 2 * d_inner, **kw)
+    self.conv = modules.ShortConv(d_inner, conv_width, rngs=rngs, param_dtype=param_dtype)
     self.q_proj = BlockDiagonal(d_inner, qkv_block_size, **kw)
     self.k_proj = BlockDiagonal(d_inner, qkv_block_size, **kw)
     self.v_proj = BlockDiagonal(d_inner, qkv_block_size, **kw)
     zeros = nnx.initializers.zeros_init()
-    self.i_proj = base.dense(3 * d_inner, num_heads, use_bias=True, kernel_init=zeros, **kw)
-    self.f_proj = base.dense(3 * d_inner, num_heads, use_bias=True, kernel_init=zeros, **kw)
+    self.i_proj = modules.dense(3 * d_inner, num_heads, use_bias=True, kernel_init=zeros, **kw)
+    self.f_proj = modules.dense(3 * d_inner, num_heads, use_bias=True, kernel_init=zeros, **kw)
     self.i_proj.bias.set_value(
         (0.1 * jax.random.normal(rngs.params(), (num_heads,))).astype(param_dtype))
     self.f_proj.bias.set_value(jnp.asarray(np.linspace(3.0, 6.0, num_heads), param_dtype))
-    self.o_norm = base.HeadNorm(self.head_dim, eps=norm_eps, center=True, rngs=rngs,
+    self.o_norm = modules.HeadNorm(self.head_dim, eps=norm_eps, center=True, rngs=rngs,
                                 param_dtype=param_dtype)
-    self.skip = base.param(jnp.ones((d_inner,)), param_dtype)
-    self.down_proj = base.dense(d_inner, d_model, **kw)
+    self.skip = modules.param(jnp.ones((d_inner,)), param_dtype)
+    self.down_proj = modules.dense(d_inner, d_model, **kw)
 
   def _inputs(self, u, u_conv):
     h = self.num_heads
     q, k, v = self.q_proj(u_conv), self.k_proj(u_conv), self.v_proj(u)
     qkv = jnp.concatenate([q, k, v], axis=-1)
     gates = (self.i_proj(qkv).astype(jnp.float32), self.f_proj(qkv).astype(jnp.float32))
-    return tuple(base.split_heads(a, h) for a in (q, k, v)) + gates
+    return tuple(modules.split_heads(a, h) for a in (q, k, v)) + gates
 
   def _out(self, o, u_conv, z):
-    o = base.merge_heads(self.o_norm(o.astype(z.dtype)))
+    o = modules.merge_heads(self.o_norm(o.astype(z.dtype)))
     o = (o + self.skip[...].astype(z.dtype) * u_conv) * jax.nn.silu(z)
     return self.down_proj(o)
 
@@ -137,12 +137,12 @@ class LogLinearMamba2(gated.Mamba2):
                expand: int = 2, ngroups: int = 1, conv_width: int = 4, dt_min: float = 1e-3,
                dt_max: float = 1e-1, chunk_size: int = 64, norm_eps: float = 1e-5,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
-    base.check_positive("num_levels", num_levels)
+    mixer.check_positive("num_levels", num_levels)
     super().__init__(d_model, num_heads, d_state=d_state, expand=expand, ngroups=ngroups,
                      conv_width=conv_width, dt_min=dt_min, dt_max=dt_max, chunk_size=chunk_size,
                      norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.num_levels = num_levels
-    self.level_proj = base.dense(d_model, num_heads * num_levels, use_bias=True, rngs=rngs,
+    self.level_proj = modules.dense(d_model, num_heads * num_levels, use_bias=True, rngs=rngs,
                                  dtype=dtype, param_dtype=param_dtype)
     self.level_proj.bias.set_value(
         jnp.full((num_heads * num_levels,), float(np.log(np.expm1(1.0))), param_dtype))

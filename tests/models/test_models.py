@@ -57,8 +57,9 @@ def test_hybrid_pattern_builds_blocks_in_order():
 
 
 def test_pattern_and_config_errors():
+  unused = next(c for c in "QVUOIC" if c not in lnn.PATTERN_LETTERS)
   with pytest.raises(ValueError, match="letter"):
-    lm(pattern="RXA")
+    lm(pattern=f"R{unused}A")
   with pytest.raises(ValueError, match="unknown mixer"):
     lm(mixer="transformerx", num_layers=1)
   with pytest.raises(ValueError, match="encoder mixers"):
@@ -183,9 +184,9 @@ def test_decoding_past_the_cache_raises_eagerly_and_flags_under_jit(mixer):
 
   logits, cache = decode(state, model.init_cache(1, 2))
   assert bool(jnp.all(jnp.isfinite(logits)))  # clamped, never NaN
-  assert bool(lnn.base.cache_overflowed(cache))
+  assert bool(lnn.mixer.cache_overflowed(cache))
   exact, fits = decode(state, model.init_cache(1, 5))
-  assert not bool(lnn.base.cache_overflowed(fits))
+  assert not bool(lnn.mixer.cache_overflowed(fits))
   helpers.assert_close(logits[:2], exact[:2])  # within the limit nothing changed
 
 
@@ -194,7 +195,7 @@ def test_a_local_cache_as_long_as_the_window_decodes_forever():
   cache = model.init_cache(1, 4)
   for _ in range(9):
     _, cache = model.decode_step(jnp.zeros((1,), jnp.int32), cache)
-  assert not bool(lnn.base.cache_overflowed(cache))
+  assert not bool(lnn.mixer.cache_overflowed(cache))
 
 
 def test_mean_pooling_ignores_padding():

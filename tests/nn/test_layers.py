@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from linear_attention import nn as lnn
-from linear_attention.nn import base
+from linear_attention.nn import modules
 from tests import helpers
 
 B, T, D, H = 2, 17, 32, 2
@@ -141,7 +141,7 @@ def _forward_seg(graphdef, state, x, segment_ids):
 
 def test_random_feature_redraw():
   model = build("performer")
-  assert isinstance(model.projection, base.RandomFeatures)
+  assert isinstance(model.projection, modules.RandomFeatures)
   before = model.projection[...]
   x = inputs()
   y0 = model(x)
@@ -153,7 +153,7 @@ def test_random_feature_redraw():
   y1 = model(x)
   assert y1.shape == y0.shape and not np.allclose(y0, y1)
   # Not a parameter: gradients and optimisers skip it, the parameter count is unchanged.
-  assert not jax.tree_util.tree_leaves(nnx.filter_state(nnx.state(model, nnx.Param), base.RandomFeatures))
+  assert not jax.tree_util.tree_leaves(nnx.filter_state(nnx.state(model, nnx.Param), modules.RandomFeatures))
   assert sum(p.size for p in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))) == n_params
   # Orthogonal (favor+) rows come in orthogonal blocks.
   blk = np.asarray(after[:D // H])
