@@ -128,6 +128,10 @@ class Progress:
     print(f"step {step}/{self.total}  loss {loss:.4f}  tokens/s {tokens_per_s:,.0f}  "
           f"elapsed {el:.1f}s  eta {eta:.1f}s", file=self.stream, flush=True)
 
+  def restart(self, step: int) -> None:
+    """Starts the ETA's clock at ``step`` (after compilation, which would inflate it)."""
+    self.t0, self.s0 = time.time(), step
+
   def message(self, text: str) -> None:
     """A line that does not break the bar."""
     if not self.enabled:

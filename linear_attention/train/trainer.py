@@ -251,7 +251,7 @@ class TrainWindow:
     self._t0, self._steps = time.time(), 0
 
   def exclude(self, seconds: float) -> None:
-    """Leaves ``seconds`` (an evaluation) out of the throughput."""
+    """Leaves ``seconds`` (an evaluation, a checkpoint save) out of the throughput."""
     self._t0 += seconds
 
   def summary(self, tokens_per_step: int, **extra: float) -> dict[str, float]:
@@ -583,6 +583,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
     return min((step // per_dispatch + 1) * per_dispatch, total)
 
   batches = _HostBatches(ds, chunk_end, prefetch=per_dispatch > 1)
+  progress.message("compiling the training step...")
 
   try:
     with _SigtermFlag() as sigterm, batches:
@@ -604,6 +605,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
           compiled.add(kind)
           window.drain()
           window.restart_clock()
+          if len(compiled) == 1:
+            progress.restart(done)
         step = done
         log_now = (tcfg.log_every and done % tcfg.log_every == 0) or done == total
         eval_now = bool(tcfg.eval_every and done % tcfg.eval_every == 0 and done != total)
@@ -626,7 +629,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
                              f"{tcfg.early_stop_value}; stopping early")
             save_now = True
         if save_now:
+          t_save = time.time()
           ckpt.save(done, state, force=done == total or preempt or stopped_at is not None)
+          window.exclude(time.time() - t_save)  # nor is the (synchronous part of a) save
         if preempt:
           ckpt.wait_until_finished()
           raise PreemptedError(f"{sigterm.name} at step {done}; checkpoint saved in "
@@ -654,10 +659,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   if lead:
     metrics_lib.write_json(os.path.join(workdir, FINAL_METRICS_FILE), final)
   if verbose and lead:
-    line = f"final validation loss {val['loss']:.4f}  accuracy {val['accuracy']:.4f}"
+    unit = "nats/token" if ds.kind == "lm" else "nats/example"
+    line = f"final validation loss {val['loss']:.4f} {unit}  accuracy {val['accuracy']:.4f}"
     if is_text:
       line += f"  bits/byte {val['bits_per_byte']:.4f}"
-    print(line, flush=True)
+    print(line + f"  (metrics, checkpoints and TensorBoard logs in {workdir})", flush=True)
   return final
 
 
