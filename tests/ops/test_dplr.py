@@ -1,6 +1,6 @@
 """Checks of the DPLR engine that only it needs (the shared ones: test_conformance.py).
 
-* identities: the delta rule, Gated DeltaNet, KDA with a uniform decay and
+* identities: with ``a = 0`` the diagonal-decay engine; the delta rule, Gated DeltaNet, KDA with a uniform decay and
   Gated DeltaProduct with one step are the same recurrence, so they must agree;
   DeltaProduct's R steps are Gated DeltaNet over the interleaved sequence;
 * the engine itself, with general (non-delta) ``a, b``, rank 2 and chunks of
@@ -48,6 +48,20 @@ def _delta_inputs(seed, t):
   seg = jnp.asarray(np.stack([np.repeat([0, 1, 2], [t // 3, t // 3, t - 2 * (t // 3)]),
                               np.zeros(t, int)]), jnp.int32)
   return q, k, v, beta, g, s0, seg
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_zero_correction_is_the_diagonal_engine(form):
+  """With ``a = 0`` the transition is ``diag(exp g)``: the decay engine, per-channel decay."""
+  t = 37
+  q, k, v, _, _, s0, seg = _delta_inputs(3, t)
+  rng = _rng(4)
+  g = jax.nn.log_sigmoid(2.0 + _normal(rng, B, t, H, K))
+  b = _normal(rng, B, t, H, K)  # read vector of a zero correction: must not matter
+  kw = dict(form=form, chunk_size=16, initial_state=s0, return_state=True, segment_ids=seg)
+  got = ops.dplr_attention(q, k, v, jnp.zeros_like(k), b, g, **kw)
+  want = ops.decay_linear_attention(q, k, v, g, **kw)
+  helpers.assert_tree_close(got, want, rtol=1e-5, atol=1e-5, err_msg=form)
 
 
 @pytest.mark.parametrize("form", FORMS)
