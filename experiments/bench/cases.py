@@ -374,38 +374,46 @@ add("linformer", "sparse", "linformer_attention",
     [*QKV, computed("KT", _linformer_projection), computed("KT", _linformer_projection)],
     flops.linformer, LINEAR)
 
-# The 2025 generation, chunk forms (their other forms share the engines above).
-# Based and ReBased: q and k projected to 16 features, then the Taylor / squared map
-# (1 + 16 + 136 and 136 features, the products stored as upper triangles).
+# The 2025 generation: chunk against recurrent forms. Based and ReBased: q and k projected
+# to 16 features, then the Taylor / squared map (1 + 16 + 136 and 136 features, the
+# products stored as upper triangles).
 QK16 = (normal("BTHF", 0.5), normal("BTHF", 0.5))
-add("based_chunk", "2025", "linear_attention", [*QK16, normal("BTHD")],
-    flops.feature_chunk(153), LINEAR, feature_map="taylor", form="chunk", chunk_size=CHUNK)
-add("rebased_chunk", "2025", "rebased_attention", [*QK16, normal("BTHD"), ones("F"),
-                                                   normal("F", 0.0)],
-    flops.feature_chunk(136), LINEAR, form="chunk", chunk_size=CHUNK)
+DPLR_FLOPS = (flops.delta_chunk, flops.delta_recurrent)
+NEW_VARIANTS = [
+    ("based", "linear_attention", [*QK16, normal("BTHD")],
+     (flops.feature_chunk(153), flops.feature_recurrent(153)), dict(feature_map="taylor")),
+    ("rebased", "rebased_attention", [*QK16, normal("BTHD"), ones("F"), normal("F", 0.0)],
+     (flops.feature_chunk(136), flops.feature_recurrent(136)), {}),
+    # On the diagonal-plus-low-rank engine: RWKV-7 (decay as RWKV-6's, unit removal keys,
+    # learning rates in (0, 1)), Kimi Delta Attention, Gated DeltaProduct with 2 steps a token.
+    ("rwkv7", "rwkv7", [*QKV, computed("BTHD", _rwkv6_decay), unit("BTHD"), sigmoid("BTHD")],
+     DPLR_FLOPS, {}),
+    ("kda", "kda", [unit("BTHD"), unit("BTHD"), normal("BTHD"), sigmoid("BTH"),
+                    log_sigmoid("BTHD", scale=1 / 16)], DPLR_FLOPS, {}),
+    ("gated_deltaproduct", "gated_deltaproduct",
+     [unit("BTHD"), unit("BTH2D"), normal("BTH2D"), sigmoid("BTH2"), log_sigmoid("BTH")],
+     tuple(lambda t, d, f=f: 2 * f(t, d) for f in DPLR_FLOPS), {}),
+    # mLSTM: input-gate pre-activations N(0, 1), forget gates around sigmoid(3).
+    ("mlstm", "mlstm", [*QKV, normal("BTH"), computed("BTH", _forget_preact)],
+     (flops.chunk, flops.recurrent), {}),
+    # Log-linear Mamba-2 on SSD's inputs, level weights softplus(N(0, 1)) (about 0.7).
+    ("loglinear_ssd", "loglinear_ssd",
+     [normal("BTHD"), log_uniform("BTH", 1e-3, 0.1), uniform("H", -16, -1), normal("BT1D"),
+      normal("BT1D"), computed("BTHL", _softplus_normal)],
+     (lambda t, d: d.L * flops.chunk(t, d), lambda t, d: d.L * flops.recurrent(t, d)), {}),
+]
+for _name, _op, _inputs, (_f_chunk, _f_rec), _kw in NEW_VARIANTS:
+  add(f"{_name}_chunk", "2025", _op, _inputs, _f_chunk, LINEAR, form="chunk", chunk_size=CHUNK,
+      **_kw)
+  add(f"{_name}_recurrent", "2025", _op, _inputs, _f_rec, SHORT, fwdbwd_mem=flops.states(3),
+      form="recurrent", chunk_size=CHUNK, **_kw)
+# The Fenwick reference form moves all L = 17 level states every token: 1k only.
+CASES["loglinear_ssd_recurrent"] = dataclasses.replace(CASES["loglinear_ssd_recurrent"],
+                                                       seqs=(1024,))
 # Forgetting attention: softmax with forget gates around sigmoid(2) (its bias init).
-add("forgetting_blockwise", "2025", "forgetting_attention",
-    [*QKV, log_sigmoid("BTH", scale=0.1)], flops.quadratic, LINEAR, algorithm="blockwise")
-# On the diagonal-plus-low-rank engine: RWKV-7 (decay as RWKV-6's, unit removal keys,
-# learning rates in (0, 1)), Kimi Delta Attention, Gated DeltaProduct with 2 steps a token.
-add("rwkv7_chunk", "2025", "rwkv7", [*QKV, computed("BTHD", _rwkv6_decay), unit("BTHD"),
-                                     sigmoid("BTHD")],
-    flops.delta_chunk, LINEAR, form="chunk", chunk_size=CHUNK)
-add("kda_chunk", "2025", "kda", [unit("BTHD"), unit("BTHD"), normal("BTHD"), sigmoid("BTH"),
-                                 log_sigmoid("BTHD", scale=1 / 16)],
-    flops.delta_chunk, LINEAR, form="chunk", chunk_size=CHUNK)
-add("gated_deltaproduct_chunk", "2025", "gated_deltaproduct",
-    [unit("BTHD"), unit("BTH2D"), normal("BTH2D"), sigmoid("BTH2"), log_sigmoid("BTH")],
-    lambda t, d: 2 * flops.delta_chunk(t, d), LINEAR, form="chunk", chunk_size=CHUNK)
-# mLSTM: input-gate pre-activations N(0, 1), forget gates around sigmoid(3).
-add("mlstm_chunk", "2025", "mlstm", [*QKV, normal("BTH"), computed("BTH", _forget_preact)],
-    flops.chunk, LINEAR, form="chunk", chunk_size=CHUNK)
-
-# Log-linear Mamba-2 on SSD's inputs, level weights softplus(N(0, 1)) (about 0.7).
-add("loglinear_ssd_chunk", "2025", "loglinear_ssd",
-    [normal("BTHD"), log_uniform("BTH", 1e-3, 0.1), uniform("H", -16, -1), normal("BT1D"),
-     normal("BT1D"), computed("BTHL", _softplus_normal)],
-    lambda t, d: d.L * flops.chunk(t, d), LINEAR, form="chunk", chunk_size=CHUNK)
+for _alg, _seqs in (("naive", QUAD), ("blockwise", LINEAR)):
+  add(f"forgetting_{_alg}", "2025", "forgetting_attention",
+      [*QKV, log_sigmoid("BTH", scale=0.1)], flops.quadratic, _seqs, algorithm=_alg)
 
 GROUPS = {g: [c for c, case in CASES.items() if case.group == g]
           for g in ("foundation", "gated", "ssm", "sparse", "2025")}

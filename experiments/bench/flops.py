@@ -35,6 +35,13 @@ def feature_chunk(features: int):
   return count
 
 
+def feature_recurrent(features: int):
+  """:func:`recurrent` with ``features`` key features against values of width ``D``."""
+  def count(t, d):
+    return d.B * d.H * t * 4 * features * d.D
+  return count
+
+
 def recurrent(t, d):
   return d.B * d.H * t * 4 * d.D * d.D  # per token: the update k v^T (2KV) and the read (2KV)
 
