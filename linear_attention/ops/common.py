@@ -241,6 +241,19 @@ def check_sequence_args(form: str, chunk_size: int, segment_ids: Array | None, b
   check_segment_ids(segment_ids, batch, seq)
 
 
+def check_state_parts(name: str, parts, *, step: bool) -> None:
+  """Checks the arrays of a tuple state: ``parts`` are ``(index, array, shape, what)``, each
+  named ``name[index]`` in errors; ``step`` applies the step functions' stricter dtype check
+  (:func:`check_step_state`), otherwise a float array of ``shape``."""
+  for part, x, shape, what in parts:
+    label = f"{name}[{part}]"
+    if step:
+      check_step_state(label, x, shape, what)
+    else:
+      check_shape(label, x, shape, what)
+      check_float(label, x)
+
+
 def check_state(name: str, state: Array | None, expected: Sequence[int]) -> None:
   """Raises unless ``state`` is ``None`` or a floating array of shape ``expected``."""
   if state is None:

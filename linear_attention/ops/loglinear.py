@@ -277,14 +277,8 @@ def _check_state(name, state, b, h, levels, dk, dv, step):
                      f"{type(state).__name__}"
                      + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
                      + ".")
-  for part, x, shape, what in ((0, state[0], (b, h, levels, dk, dv), "S, [B, H, L, K, V]"),
-                               (1, state[1], (b,), "position, [B]")):
-    label = f"{name}[{part}]"
-    if step:
-      common.check_step_state(label, x, shape, what)
-    else:
-      common.check_shape(label, x, shape, what)
-      common.check_float(label, x)
+  common.check_state_parts(name, ((0, state[0], (b, h, levels, dk, dv), "S, [B, H, L, K, V]"),
+                                  (1, state[1], (b,), "position, [B]")), step=step)
   pos = common.concrete(state[1])
   if pos is not None and not (pos.size == 0 or (pos.min() >= 0 and (pos == pos.round()).all())):
     raise ValueError(f"{name}[1] (position) must hold non-negative integers, got {pos}.")

@@ -65,15 +65,9 @@ def _check_state(name: str, state, b: int, h: int, dk: int, dv: int, step: bool)
                      f"got {type(state).__name__}"
                      + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
                      + ".")
-  for part, x, shape, what in ((0, state[0], (b, h, dk, dv), "C, [B, H, K, V]"),
-                               (1, state[1], (b, h, dk), "n, [B, H, K]"),
-                               (2, state[2], (b, h), "m, [B, H]")):
-    label = f"{name}[{part}]"
-    if step:
-      common.check_step_state(label, x, shape, what)
-    else:
-      common.check_shape(label, x, shape, what)
-      common.check_float(label, x)
+  common.check_state_parts(name, ((0, state[0], (b, h, dk, dv), "C, [B, H, K, V]"),
+                                  (1, state[1], (b, h, dk), "n, [B, H, K]"),
+                                  (2, state[2], (b, h), "m, [B, H]")), step=step)
 
 
 # ------------------------------------------------------------------ numerics
