@@ -51,10 +51,10 @@ def _damage(step_dir, how):
   d = os.path.join(step_dir, "default")
   if how == "metadata":
     os.remove(os.path.join(d, "_METADATA"))
-  elif how == "truncate":  # the largest array file cut to 10 bytes
-    files = glob.glob(os.path.join(d, "ocdbt.process_0", "d", "*"))
-    with open(max(files, key=os.path.getsize), "r+b") as f:
-      f.truncate(10)
+  elif how == "truncate":  # every array file cut to 10 bytes (which file holds what varies)
+    for name in glob.glob(os.path.join(d, "ocdbt.process_0", "d", "*")):
+      with open(name, "r+b") as f:
+        f.truncate(10)
   elif how == "manifest":
     for m in glob.glob(os.path.join(d, "**", "manifest.ocdbt"), recursive=True):
       with open(m, "wb") as f:
