@@ -19,8 +19,10 @@ Fields:
             the first evaluation with accuracy >= / loss <= it), steps_per_dispatch (training
             steps fused into one jitted call, a ``lax.scan``; reduced to its gcd with the
             logging, evaluation and checkpoint intervals; 1 = one call per step).
-  mesh.*    data (devices on the data axis, -1 = all), fsdp (shard params and optimizer
-            state over that axis instead of replicating them).
+  mesh.*    data (devices on the data axis, -1 = all left by seq), fsdp (shard params and
+            optimizer state over that axis instead of replicating them), seq (devices the
+            sequence is split over, context parallelism; 1 = off; it must divide
+            data.seq_len and every mixer must support it, see nn.context_parallel).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
       steps=1000, eval_every=250, eval_batches=0, log_every=50, seed=0,
       checkpoint_every=250, keep_checkpoints=2, async_checkpoints=True,
       early_stop_metric="", early_stop_value=0.0, steps_per_dispatch=10))
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=False))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=False, seq=1))
   return c
 
 

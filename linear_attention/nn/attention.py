@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
+from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 from linear_attention.nn.mixer import check_positive
 from linear_attention.ops import common as common_ops
@@ -30,8 +31,12 @@ class SoftmaxAttention(mixer.Mixer):
   Keys and values have ``num_kv_heads`` heads (1: multi-query; ``num_heads``:
   ordinary multi-head), repeated to ``num_heads`` inside the layer, so the KV
   cache stores only ``num_kv_heads``. Decoding keeps a ``[B, max_len, Hkv, Dh]``
-  key and value cache (keys stored after the rotation).
+  key and value cache (keys stored after the rotation). With the sequence sharded
+  (``config.mesh.seq``) it runs all-gather attention (see
+  :mod:`~linear_attention.nn.context_parallel`).
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                head_dim: int | None = None, causal: bool = True, use_rope: bool = True,
@@ -68,8 +73,9 @@ class SoftmaxAttention(mixer.Mixer):
     return q, k, v
 
   def _attend(self, q, k, v, segment_ids):
-    return softmax_ops.softmax_attention(q, k, v, causal=self.causal, segment_ids=segment_ids,
-                                         implementation=self.implementation)
+    return cp.op(softmax_ops.softmax_attention)(
+        q, k, v, causal=self.causal, segment_ids=segment_ids,
+        implementation=self.implementation)
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``; ``segment_ids [B, T]`` packs sequences."""

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 from linear_attention.ops import gated as gated_ops
 
@@ -29,6 +30,8 @@ class GatedLinearAttention(mixer.Mixer):
   ``o = W_o(RMSNorm(gla(q, k, v, log_g)) * swish(W_g x))``. Key width
   ``expand_k * D``, value width ``expand_v * D``, split over ``num_heads``.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, expand_k: float = 0.5,
                expand_v: float = 1.0, gate_low_rank: int = 16,
@@ -65,7 +68,7 @@ class GatedLinearAttention(mixer.Mixer):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     q, k, v, log_g = self._inputs(x)
-    o = gated_ops.gla(q, k, v, log_g, chunk_size=self.chunk_size, segment_ids=segment_ids)
+    o = cp.op(gated_ops.gla)(q, k, v, log_g, chunk_size=self.chunk_size, segment_ids=segment_ids)
     return self._out(o, x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -88,6 +91,8 @@ class MultiScaleRetention(mixer.Mixer):
   ``o = W_o(GroupNorm(retention(q, k, v)) * swish(W_g x))``. Value width
   ``expand_v * D``.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, expand_v: float = 2.0,
                use_rope: bool = True, chunk_size: int = 64, norm_eps: float = 1e-5,
@@ -121,7 +126,7 @@ class MultiScaleRetention(mixer.Mixer):
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     b, t, _ = x.shape
     q, k, v = self._inputs(x, modules.positions_of(b, t, segment_ids))
-    o = gated_ops.retention(q, k, v, chunk_size=self.chunk_size, segment_ids=segment_ids)
+    o = cp.op(gated_ops.retention)(q, k, v, chunk_size=self.chunk_size, segment_ids=segment_ids)
     return self._out(o, x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -146,6 +151,8 @@ class HGRN2(mixer.Mixer):
   then an RMSNorm per head and the output projection. Key and value width
   ``D / num_heads`` per head.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, lower_bound: float = 0.0,
                chunk_size: int = 64, norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None,
@@ -180,7 +187,7 @@ class HGRN2(mixer.Mixer):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     q, log_f, v = self._inputs(x)
-    o = gated_ops.hgrn2(q, log_f, v, chunk_size=self.chunk_size, segment_ids=segment_ids)
+    o = cp.op(gated_ops.hgrn2)(q, log_f, v, chunk_size=self.chunk_size, segment_ids=segment_ids)
     return self._out(o, x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -286,6 +293,8 @@ class Mamba2(mixer.Mixer):
   ``[B, H, N, P]``, both float32.
   """
 
+  context_parallel = True
+
   def __init__(self, d_model: int, num_heads: int, *, d_state: int = 16, expand: int = 2,
                ngroups: int = 1, conv_width: int = 4, dt_min: float = 1e-3,
                dt_max: float = 1e-1, chunk_size: int = 64, norm_eps: float = 1e-5,
@@ -335,7 +344,7 @@ class Mamba2(mixer.Mixer):
     z, xbc, dt = self._split(self.in_proj(x))
     xs, b, c = self._ssd_args(self.conv(xbc, segment_ids))
     a, d, dt_bias = self._params()
-    y = gated_ops.ssd(xs, dt.astype(jnp.float32), a, b, c, d, dt_bias=dt_bias,
+    y = cp.op(gated_ops.ssd)(xs, dt.astype(jnp.float32), a, b, c, d, dt_bias=dt_bias,
                       dt_softplus=True, chunk_size=self.chunk_size, segment_ids=segment_ids)
     return self._out(y, z)
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 from linear_attention.ops import feature_maps as fm
 from linear_attention.ops import linear as linear_ops
@@ -30,6 +31,8 @@ class LinearAttention(mixer.Mixer):
   :meth:`redraw` replaces. The decoding state is ``[B, H, F, Dh + 1]`` float32
   (the last column is the normaliser) when ``normalize``.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, feature_map: str = "elu",
                num_features: int | None = None, normalize: bool = True, causal: bool = True,
@@ -83,7 +86,7 @@ class LinearAttention(mixer.Mixer):
                  for p in (self.q_proj, self.k_proj, self.v_proj))
 
   def _attend(self, q, k, v, segment_ids):
-    return linear_ops.linear_attention(
+    return cp.op(linear_ops.linear_attention)(
         q, k, v, feature_map=self.feature_map, causal=self.causal, normalize=self.normalize,
         projection=self._proj(), chunk_size=self.chunk_size, segment_ids=segment_ids)
 
@@ -126,6 +129,8 @@ class Based(LinearAttention):
   alone. Decoding state: ``[B, H, F, Dh + 1]`` float32.
   """
 
+  context_parallel = True
+
   def __init__(self, d_model: int, num_heads: int, *, feature_dim: int = 16,
                causal: bool = True, chunk_size: int = 64, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
@@ -146,6 +151,8 @@ class ReBased(LinearAttention):
   features), normalised. Decoding state: ``[B, H, F, Dh + 1]`` float32.
   """
 
+  context_parallel = True
+
   def __init__(self, d_model: int, num_heads: int, *, feature_dim: int = 16,
                causal: bool = True, chunk_size: int = 64, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
@@ -158,7 +165,7 @@ class ReBased(LinearAttention):
     self.beta = nnx.Param(jnp.zeros((feature_dim,), param_dtype))
 
   def _attend(self, q, k, v, segment_ids):
-    return linear_ops.rebased_attention(
+    return cp.op(linear_ops.rebased_attention)(
         q, k, v, self.gamma[...], self.beta[...], causal=self.causal,
         chunk_size=self.chunk_size, segment_ids=segment_ids)
 

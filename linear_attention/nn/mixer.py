@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.nn import context_parallel
+
 Array = jax.Array
 Dtype = Any
 
@@ -74,6 +76,7 @@ def _checked_call(call):
   @functools.wraps(call)
   def wrapper(self, x, *args, **kwargs):
     check_features("x", x, self.d_model, 3, "[batch, seq, d_model]")
+    context_parallel.check_mixer(self)
     return call(self, x, *args, **kwargs)
   wrapper._mixer_checked = True
   return wrapper
@@ -96,12 +99,21 @@ class Mixer(nnx.Module):
   ``decode_step(x [B, D], cache)``. Each of these a subclass defines is wrapped once, here,
   with the shared argument checks (``d_model`` and ``num_heads`` >= 1; ``x`` floating, of
   the right rank and width), so no layer repeats them and every layer names the argument.
+
+  ``context_parallel = True`` declares that the layer runs with the sequence sharded over
+  a ``"seq"`` mesh axis (its token mixing goes through
+  :func:`~linear_attention.nn.context_parallel.op`). It is not inherited: a subclass that
+  changes how it mixes tokens must declare it again, and until then it refuses a sharded
+  sequence with a ``ValueError`` naming it.
   """
 
   causal: bool = True
+  context_parallel: bool = False
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
+    if "context_parallel" not in cls.__dict__:
+      cls.context_parallel = False
     for name, wrap in (("__init__", _checked_init), ("__call__", _checked_call),
                        ("decode_step", _checked_decode)):
       fn = cls.__dict__.get(name)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.nn import context_parallel as cp
 from linear_attention.ops import common as common_ops
 from linear_attention.ops import conv as conv_ops
 
@@ -121,8 +122,12 @@ class ShortConv(nnx.Module):
     return None if self.bias is None else self.bias[...]
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
-    """``x [B, T, C]`` -> ``[B, T, C]`` in the dtype of ``x``."""
-    return conv_ops.causal_conv1d(x, self.weight[...].astype(x.dtype), self._bias(),
+    """``x [B, T, C]`` -> ``[B, T, C]`` in the dtype of ``x``.
+
+    With the sequence sharded (``config.mesh.seq``), each device reads a halo of ``W - 1``
+    tokens from the previous one (see :mod:`~linear_attention.nn.context_parallel`).
+    """
+    return cp.op(conv_ops.causal_conv1d)(x, self.weight[...].astype(x.dtype), self._bias(),
                                   segment_ids=segment_ids, activation=self.activation)
 
   def init_state(self, batch: int) -> Array:

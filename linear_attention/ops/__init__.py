@@ -69,9 +69,15 @@ from linear_attention.ops.loglinear import (
 )
 from linear_attention.ops.scan import SCAN_FORMS, linear_scan
 from linear_attention.ops.sequence_parallel import (
+    sequence_parallel_causal_conv1d,
     sequence_parallel_decay_attention,
     sequence_parallel_decay_attention_local,
     sequence_parallel_gla,
+    sequence_parallel_hgrn2,
+    sequence_parallel_linear_attention,
+    sequence_parallel_rebased_attention,
+    sequence_parallel_retention,
+    sequence_parallel_softmax_attention,
     sequence_parallel_ssd,
 )
 from linear_attention.ops.ssm import (

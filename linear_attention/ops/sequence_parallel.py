@@ -53,10 +53,13 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linear_attention.ops import common, decay, gated
+from linear_attention.ops import conv as conv_ops
+from linear_attention.ops import linear as linear_ops
+from linear_attention.ops import softmax as softmax_ops
 
 Array = jax.Array
 
@@ -225,8 +228,9 @@ def _axis_names(name, what: str) -> tuple[str, ...]:
 
 def _check_mesh(mesh, axis_name, batch_axis, batch: int, seq: int) -> tuple:
   """Validates the mesh and axes; returns the batch axes as a tuple."""
-  if not isinstance(mesh, Mesh):
-    raise ValueError(f"mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh), got {type(mesh)}.")
+  if not isinstance(mesh, (Mesh, AbstractMesh)):
+    raise ValueError(f"mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh) or, inside a "
+                     f"traced function, jax.sharding.get_abstract_mesh(), got {type(mesh)}.")
   names = tuple(mesh.axis_names)
   if not isinstance(axis_name, str) or axis_name not in names:
     raise ValueError(f"axis_name must be one of the mesh axes {list(names)}, got {axis_name!r}.")
@@ -257,7 +261,7 @@ def sequence_parallel_decay_attention(
     v: Array,
     log_decay: Array | None = None,
     *,
-    mesh: Mesh,
+    mesh: Mesh | AbstractMesh,
     axis_name: str = "seq",
     batch_axis: str | Sequence[str] | None = None,
     scale: float | None = None,
@@ -278,7 +282,9 @@ def sequence_parallel_decay_attention(
     q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (global arrays).
     log_decay: None, ``[B, T, H]`` or ``[B, T, H, K]``, values ``<= 0`` (``-inf``
       allowed; the sign is checked only for concrete values, not under ``jit``).
-    mesh: the device mesh.
+    mesh: the device mesh; inside ``jit`` under ``jax.set_mesh`` also the abstract
+      mesh (``jax.sharding.get_abstract_mesh()``), which is what the model layers
+      pass (:mod:`linear_attention.nn.context_parallel`).
     axis_name: mesh axis to split the sequence over; ``T`` must be divisible
       by its size.
     batch_axis: optional mesh axis (or axes) to split the batch over as well.
@@ -311,7 +317,9 @@ def _sharded(q, k, v, log_decay, initial_state, segment_ids, *, mesh, axis_name,
            "log_decay": (log_decay, seq_spec), "initial_state": (initial_state, P(bspec)),
            "segment_ids": (segment_ids, seq_spec)}
   names = [n for n, (x, _) in named.items() if x is not None]
-  args = [jax.device_put(named[n][0], NamedSharding(mesh, named[n][1])) for n in names]
+  args = [named[n][0] for n in names]
+  if isinstance(mesh, Mesh):  # an abstract mesh has no devices: shard_map reshards under jit
+    args = [jax.device_put(x, NamedSharding(mesh, named[n][1])) for n, x in zip(names, args)]
   specs = tuple(named[n][1] for n in names)
 
   def body(*xs):
@@ -324,7 +332,7 @@ def _sharded(q, k, v, log_decay, initial_state, segment_ids, *, mesh, axis_name,
   return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_specs)(*args)
 
 
-def sequence_parallel_gla(q: Array, k: Array, v: Array, log_g: Array, *, mesh: Mesh,
+def sequence_parallel_gla(q: Array, k: Array, v: Array, log_g: Array, *, mesh: Mesh | AbstractMesh,
                           axis_name: str = "seq", batch_axis: str | Sequence[str] | None = None,
                           scale: float | None = None, chunk_size: int = 64,
                           initial_state: Array | None = None, return_state: bool = False,
@@ -349,7 +357,7 @@ def sequence_parallel_gla(q: Array, k: Array, v: Array, log_g: Array, *, mesh: M
 
 
 def sequence_parallel_ssd(x: Array, dt: Array, A: Array, B: Array, C: Array,
-                          D: Array | None = None, *, mesh: Mesh, axis_name: str = "seq",
+                          D: Array | None = None, *, mesh: Mesh | AbstractMesh, axis_name: str = "seq",
                           batch_axis: str | Sequence[str] | None = None,
                           dt_bias: Array | None = None, dt_softplus: bool = False,
                           scale: float | None = 1.0, chunk_size: int = 64,
@@ -378,3 +386,264 @@ def sequence_parallel_ssd(x: Array, dt: Array, A: Array, B: Array, C: Array,
       segment_ids=segment_ids)
   y = (y + skip).astype(x.dtype)
   return (y, state) if return_state else y
+
+
+def sequence_parallel_retention(q: Array, k: Array, v: Array, *, mesh: Mesh | AbstractMesh,
+                                axis_name: str = "seq",
+                                batch_axis: str | Sequence[str] | None = None,
+                                gamma: Array | None = None, scale: float | None = None,
+                                chunk_size: int = 64, initial_state: Array | None = None,
+                                return_state: bool = False, segment_ids: Array | None = None):
+  """:func:`~linear_attention.ops.gated.retention` (RetNet) with the sequence split over ``axis_name``.
+
+  Args:
+    q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; gamma: ``[H]`` in ``(0, 1)`` or
+      None (the RetNet defaults).
+    mesh, axis_name, batch_axis, scale, chunk_size, initial_state, return_state,
+      segment_ids: as in :func:`sequence_parallel_decay_attention`.
+
+  Returns:
+    ``o`` ``[B, T, H, V]``, or ``(o, state)`` with the ``[B, H, K, V]`` state.
+  """
+  b, t, h, _, _ = common.check_qkv(q, k, v)
+  log_decay = jnp.broadcast_to(gated._retention_log_gamma(gamma, h), (b, t, h))
+  return sequence_parallel_decay_attention(
+      q, k, v, log_decay, mesh=mesh, axis_name=axis_name, batch_axis=batch_axis, scale=scale,
+      chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
+      segment_ids=segment_ids)
+
+
+def sequence_parallel_hgrn2(q: Array, log_f: Array, v: Array, *, mesh: Mesh | AbstractMesh,
+                            axis_name: str = "seq",
+                            batch_axis: str | Sequence[str] | None = None,
+                            scale: float | None = 1.0, chunk_size: int = 64,
+                            initial_state: Array | None = None, return_state: bool = False,
+                            segment_ids: Array | None = None):
+  """:func:`~linear_attention.ops.gated.hgrn2` with the sequence split over ``axis_name``.
+
+  Args:
+    q: ``[B, T, H, K]``; log_f: ``[B, T, H, K]`` (``<= 0``); v: ``[B, T, H, V]``.
+    mesh, axis_name, batch_axis, scale, chunk_size, initial_state, return_state,
+      segment_ids: as in :func:`sequence_parallel_decay_attention`.
+
+  Returns:
+    ``o`` ``[B, T, H, V]``, or ``(o, state)`` with the ``[B, H, K, V]`` state.
+  """
+  b, t, h, dk, _ = common.check_qkv(q, q, v)
+  common.check_log_decay(log_f, b, t, h, dk, name="log_f", per_head=False)
+  return sequence_parallel_decay_attention(
+      q, gated._hgrn2_key(log_f, q.dtype), v, log_f, mesh=mesh, axis_name=axis_name,
+      batch_axis=batch_axis, scale=scale, chunk_size=chunk_size, initial_state=initial_state,
+      return_state=return_state, segment_ids=segment_ids)
+
+
+def sequence_parallel_linear_attention(
+    q: Array, k: Array, v: Array, *, mesh: Mesh | AbstractMesh, axis_name: str = "seq",
+    batch_axis: str | Sequence[str] | None = None, feature_map: str = "elu",
+    causal: bool = True, normalize: bool = True, key: Array | None = None,
+    num_features: int | None = None, projection: Array | None = None,
+    scale: float | None = None, eps: float = linear_ops.DEFAULT_EPS, chunk_size: int = 64,
+    initial_state: Array | None = None, return_state: bool = False,
+    segment_ids: Array | None = None):
+  """:func:`~linear_attention.ops.linear.linear_attention` with the sequence split over ``axis_name``.
+
+  The feature maps (and the positive maps' running key shift) are per token or
+  prefix maxima and run on the global, sharded arrays; the recurrence over
+  ``phi(k) [v, 1]`` runs sequence-parallel; the normaliser divides per token.
+  Bidirectional attention without ``segment_ids`` needs only global sums over
+  ``T``, which XLA reduces across the axis itself, so it is
+  :func:`~linear_attention.ops.linear.linear_attention` unchanged.
+
+  Args:
+    q, k: ``[B, T, H, D]``; v: ``[B, T, H, V]``.
+    feature_map, causal, normalize, key, num_features, projection, scale, eps:
+      as in :func:`~linear_attention.ops.linear.linear_attention`.
+    mesh, axis_name, batch_axis, chunk_size, initial_state, return_state,
+      segment_ids: as in :func:`sequence_parallel_decay_attention`
+      (``initial_state`` ``[B, H, F, V + 1]`` when normalising).
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+
+  Raises:
+    ValueError: bidirectional with ``segment_ids`` (its reversed pass is not
+      sequence-parallel here).
+  """
+  b, t, h, dk, dv = common.check_qkv(q, k, v)
+  if not causal:
+    if segment_ids is not None:
+      raise ValueError("sequence_parallel_linear_attention: causal=False with segment_ids is "
+                       "not supported (it needs a reversed pass); use causal=True or no "
+                       "segment_ids.")
+    return linear_ops.linear_attention(
+        q, k, v, feature_map=feature_map, causal=False, normalize=normalize, key=key,
+        num_features=num_features, projection=projection, scale=scale, eps=eps,
+        initial_state=initial_state, return_state=return_state)
+  common.check_segment_ids(segment_ids, b, t)
+  stateless = normalize and initial_state is None and not return_state
+  phi_q, phi_k, engine_scale, log_decay = linear_ops._features(
+      q, k, feature_map, scale=scale, key=key, num_features=num_features,
+      projection=projection, normalize=normalize,
+      key_shift=(True, segment_ids) if stateless else None)
+  vv = v.astype(phi_q.dtype)
+  vv = linear_ops._with_ones(vv) if normalize else vv
+  common.check_state("initial_state", initial_state, (b, h, phi_q.shape[-1], vv.shape[-1]))
+  out, state = sequence_parallel_decay_attention(
+      phi_q, phi_k, vv, log_decay, mesh=mesh, axis_name=axis_name, batch_axis=batch_axis,
+      scale=engine_scale, chunk_size=chunk_size, initial_state=initial_state,
+      return_state=True, segment_ids=segment_ids)
+  o = (linear_ops._divide(out, eps) if normalize else out).astype(q.dtype)
+  return (o, state) if return_state else o
+
+
+def sequence_parallel_rebased_attention(
+    q: Array, k: Array, v: Array, gamma: Array, beta: Array, *, mesh: Mesh | AbstractMesh,
+    axis_name: str = "seq", batch_axis: str | Sequence[str] | None = None,
+    causal: bool = True, norm_eps: float = 1e-5, eps: float = linear_ops.DEFAULT_EPS,
+    chunk_size: int = 64, initial_state: Array | None = None, return_state: bool = False,
+    segment_ids: Array | None = None):
+  """:func:`~linear_attention.ops.linear.rebased_attention` with the sequence split over ``axis_name``.
+
+  Args:
+    q, k: ``[B, T, H, D]``; v: ``[B, T, H, V]``; gamma, beta: ``[D]`` or ``[H, D]``.
+    causal, norm_eps, eps: as in :func:`~linear_attention.ops.linear.rebased_attention`.
+    mesh, axis_name, batch_axis, chunk_size, initial_state, return_state,
+      segment_ids: as in :func:`sequence_parallel_linear_attention`.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+  """
+  common.check_qkv(q, k, v)
+  qn, kn = linear_ops._rebased_qk(q, k, gamma, beta, norm_eps)
+  return sequence_parallel_linear_attention(
+      qn, kn, v, mesh=mesh, axis_name=axis_name, batch_axis=batch_axis, feature_map="squared",
+      causal=causal, eps=eps, chunk_size=chunk_size, initial_state=initial_state,
+      return_state=return_state, segment_ids=segment_ids)
+
+
+# ------------------------------------------------- token mixing beyond the engine
+
+
+def _shard(body, mesh, named: dict, out_spec):
+  """Runs ``body(**present)`` under ``shard_map``; ``named`` maps name -> (array or None, spec).
+
+  A concrete mesh gets its inputs placed first (eager calls); under ``jit`` with an
+  abstract mesh, ``shard_map`` reshards them itself.
+  """
+  names = [n for n, (x, _) in named.items() if x is not None]
+  args = [named[n][0] for n in names]
+  if isinstance(mesh, Mesh):
+    args = [jax.device_put(x, NamedSharding(mesh, named[n][1])) for n, x in zip(names, args)]
+  fn = lambda *xs: body(**dict(zip(names, xs)))
+  return jax.shard_map(fn, mesh=mesh, in_specs=tuple(named[n][1] for n in names),
+                       out_specs=out_spec)(*args)
+
+
+def _batch_spec(batch_axes: tuple):
+  return None if not batch_axes else (batch_axes[0] if len(batch_axes) == 1 else batch_axes)
+
+
+def sequence_parallel_causal_conv1d(x: Array, weight: Array, bias: Array | None = None, *,
+                                    mesh: Mesh | AbstractMesh, axis_name: str = "seq",
+                                    batch_axis: str | Sequence[str] | None = None,
+                                    segment_ids: Array | None = None,
+                                    activation: str | None = None) -> Array:
+  """:func:`~linear_attention.ops.conv.causal_conv1d` with the sequence split over ``axis_name``.
+
+  Each device receives the last ``W - 1`` inputs of the previous device (one
+  ``ppermute``: the halo; the first device gets zeros, the causal padding) and
+  convolves its slice with the halo in front, so the sequence is never gathered.
+  With ``segment_ids`` the halo's ids travel along and the op's own segment
+  masking decides which halo taps a token may read.
+
+  Args:
+    x: ``[B, T, D]``; weight: ``[W, D]``; bias: optional ``[D]``.
+    mesh, axis_name, batch_axis, segment_ids: as in
+      :func:`sequence_parallel_decay_attention`; each device's slice must hold at
+      least ``W - 1`` tokens.
+    activation: ``None`` or ``"silu"``.
+
+  Returns:
+    ``y`` ``[B, T, D]`` in the dtype of ``x``, sharded along ``T``.
+  """
+  common.check_rank("x", x, 3)
+  b, t, _ = x.shape
+  batch_axes = _check_mesh(mesh, axis_name, batch_axis, b, t)
+  common.check_segment_ids(segment_ids, b, t)
+  halo = weight.shape[0] - 1
+  n = mesh.shape[axis_name]
+  if halo > t // n:
+    raise ValueError(
+        f"the short convolution of width {halo + 1} needs at least {halo} tokens per device "
+        f"of mesh axis {axis_name!r}, got T / {n} = {t // n}; use a longer sequence or fewer "
+        "devices on that axis.")
+  if halo == 0:
+    return conv_ops.causal_conv1d(x, weight, bias, segment_ids=segment_ids,
+                                  activation=activation)
+  spec = P(_batch_spec(batch_axes), axis_name)
+  # Device i sends its tail to device i + 1; nobody sends to device 0 (it receives zeros).
+  perm = [(i, i + 1) for i in range(n - 1)]
+
+  def body(x, weight, bias=None, segment_ids=None):
+    xs = jnp.concatenate([lax.ppermute(x[:, -halo:], axis_name, perm), x], axis=1)
+    seg = None
+    if segment_ids is not None:
+      seg = jnp.concatenate([lax.ppermute(segment_ids[:, -halo:], axis_name, perm),
+                             segment_ids], axis=1)
+    y = conv_ops.causal_conv1d(xs, weight, bias, segment_ids=seg, activation=activation)
+    return y[:, halo:]
+
+  return _shard(body, mesh, {"x": (x, spec), "weight": (weight, P()), "bias": (bias, P()),
+                             "segment_ids": (segment_ids, spec)}, spec)
+
+
+def sequence_parallel_softmax_attention(q: Array, k: Array, v: Array, *,
+                                        mesh: Mesh | AbstractMesh, axis_name: str = "seq",
+                                        batch_axis: str | Sequence[str] | None = None,
+                                        causal: bool = False, scale: float | None = None,
+                                        segment_ids: Array | None = None,
+                                        implementation: str | None = None) -> Array:
+  """Exact softmax attention with the sequence split over ``axis_name``: all-gather attention.
+
+  Each device keeps its queries and gathers every key and value of the axis
+  (one ``all_gather`` each); its queries sit at global positions
+  ``[i * T / n, (i + 1) * T / n)``, which sets the causal mask. The logits are
+  ``[B, H, T / n, T]`` per device, so memory is ``1 / n`` of the one-device
+  naive form's (not the ``O(T)`` of a ring or blockwise pass).
+
+  Args:
+    q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
+    mesh, axis_name, batch_axis, segment_ids: as in
+      :func:`sequence_parallel_decay_attention`.
+    causal, scale: as in :func:`~linear_attention.ops.softmax.softmax_attention`.
+    implementation: ``None`` or ``"xla"`` (the per-device attention is XLA's).
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, sharded along ``T``.
+  """
+  b, t, _, dk, _ = common.check_attention(q, k, v, segment_ids)
+  if implementation not in (None, "xla"):
+    raise ValueError(f"implementation must be None or 'xla' for all-gather attention (no "
+                     f"Pallas kernel takes a query offset), got {implementation!r}.")
+  batch_axes = _check_mesh(mesh, axis_name, batch_axis, b, t)
+  scale = common.resolve_scale(scale, dk)
+  spec = P(_batch_spec(batch_axes), axis_name)
+
+  def body(q, k, v, segment_ids=None):
+    tl = q.shape[1]
+    start = lax.axis_index(axis_name) * tl
+    k_all = lax.all_gather(k, axis_name, axis=1, tiled=True)
+    v_all = lax.all_gather(v, axis_name, axis=1, tiled=True)
+    visible = jnp.ones((1, tl, t), bool)
+    if causal:
+      visible = (jnp.arange(t)[None, :] <= start + jnp.arange(tl)[:, None])[None]
+    if segment_ids is not None:
+      # Runs are counted on the whole row, so a reused id is still another segment.
+      run = common.segment_index(lax.all_gather(segment_ids, axis_name, axis=1, tiled=True))
+      run_q = lax.dynamic_slice_in_dim(run, start, tl, axis=1)
+      visible = visible & (run_q[:, :, None] == run[:, None, :])
+    o, _ = softmax_ops.dense_attention_stats(q, k_all, v_all, visible, scale)
+    return o.astype(q.dtype)
+
+  return _shard(body, mesh, {"q": (q, spec), "k": (k, spec), "v": (v, spec),
+                             "segment_ids": (segment_ids, spec)}, spec)

@@ -90,8 +90,11 @@ def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None =
   finally:
     ckpt.close()
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  _, eval_fn = trainer.make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh),
-                                  repl, getattr(ds, "max_targets_per_row", None))
+  trainer.check_context_parallel(model, ds, mesh)
+  batch_sh = sharding.batch_shardings(next(iter(ds.eval_batches(split, 1))), mesh)
+  _, eval_fn = trainer.make_steps(graphdef, ds.kind, state_sh, batch_sh, repl,
+                                  getattr(ds, "max_targets_per_row", None))
+  eval_fn = sharding.under_mesh(eval_fn, mesh)
   res = trainer.evaluate(eval_fn, state, ds, mesh, num_batches, split)
   if config.data.get("task") == "text":
     res["bits_per_byte"] = res["loss"] / math.log(2)

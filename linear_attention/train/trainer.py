@@ -178,10 +178,13 @@ def make_fused_steps(graphdef, kind: str, state_sh, batch_sh, repl,
   def train_many(state, batches):
     return jax.lax.scan(train_step, state, batches)
 
-  stacked_sh = batch_sh
-  if isinstance(batch_sh, jax.sharding.NamedSharding):
-    stacked_sh = jax.sharding.NamedSharding(batch_sh.mesh,
-                                            jax.sharding.PartitionSpec(None, *batch_sh.spec))
+  def stacked(sh):
+    if not isinstance(sh, jax.sharding.NamedSharding):
+      return sh
+    return jax.sharding.NamedSharding(sh.mesh, jax.sharding.PartitionSpec(None, *sh.spec))
+
+  # One sharding for the whole batch, or one per field (a sharded sequence).
+  stacked_sh = jax.tree.map(stacked, batch_sh)
   return jax.jit(train_many, in_shardings=(state_sh, stacked_sh),
                  out_shardings=(state_sh, repl), donate_argnums=0)
 
@@ -281,11 +284,12 @@ def dispatch_steps(tcfg: Mapping[str, Any]) -> int:
 
 def _put_steps(batches: Mapping[str, np.ndarray], mesh) -> dict:
   """Places stacked host batches ``[K, B, ...]`` on the mesh, rows split over the data axis
-  (the steps axis is not split: every device runs every step on its rows)."""
+  and the sequence over the seq axis (the steps axis is not split: every device runs every
+  step on its slice)."""
   out = {}
   for k, v in batches.items():
     sh = jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec(None, sharding.DATA, *([None] * (v.ndim - 2))))
+        mesh, jax.sharding.PartitionSpec(None, *sharding.batch_spec(v.ndim - 1, mesh)))
     out[k] = jax.make_array_from_callback(v.shape, sh, lambda idx, v=v: v[idx])
   return out
 
@@ -411,6 +415,26 @@ class _SigtermFlag:
       signal.signal(s, h)
 
 
+def check_context_parallel(model: nnx.Module, ds, mesh) -> None:
+  """With a sharded sequence (``config.mesh.seq > 1``): ``seq`` divides the dataset's
+  sequence length and every mixer of ``model`` runs context-parallel.
+
+  Raises:
+    ValueError: naming ``config.mesh.seq`` and, for mixers, the ones that cannot run
+      sharded and the ones that can.
+  """
+  s = sharding.seq_size(mesh)
+  if s == 1:
+    return
+  sharding.check_seq_len(int(ds.seq_len), mesh)
+  from linear_attention.nn import context_parallel, registry
+  names = getattr(getattr(model, "backbone", model), "mixer_names", ())
+  bad = sorted({n for n in names if not registry.spec(n).cls.context_parallel})
+  if bad:
+    raise ValueError(f"config.mesh.seq={s} shards the sequence, but mixer(s) {bad} cannot run "
+                     f"that way; context-parallel mixers: {context_parallel.supported_mixers()}.")
+
+
 def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "validation"):
   """Loss and accuracy summed over ``ds.eval_batches(split, num_batches)``."""
   tot = {"loss_sum": 0.0, "correct": 0.0, "weight": 0.0}
@@ -492,6 +516,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
     if ds.batch_size % mesh.shape[sharding.DATA]:
       raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
                        f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
+    check_context_parallel(model, ds, mesh)
     check_batch(ds.batch(0, split="train"), ds, 0, "train")
     workdir = prepare_workdir(workdir)  # only now, after everything above validated
   except errors.ConfigError:
@@ -519,8 +544,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
   state = jax.device_put(state, state_sh)
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  train_fn, eval_fn = make_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl,
-                                  getattr(ds, "max_targets_per_row", None))
+  batch_sh = sharding.batch_shardings(ds.batch(0, split="train"), mesh)
+  train_fn, eval_fn = (sharding.under_mesh(f, mesh) for f in make_steps(
+      graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None)))
 
   tcfg = config.train
   # Compared before anything is written: a refused change leaves the workdir as it was.
@@ -558,7 +584,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   progress.message(f"workdir {workdir}: {num_params:,} parameters, "
                    + (f"resuming at step {start}" if start else "starting at step 0")
                    + f" of {total}, {mesh.shape[sharding.DATA]} device(s)"
-                   + (" (FSDP)" if config.mesh.fsdp else ""))
+                   + (" (FSDP)" if config.mesh.fsdp else "")
+                   + (f" x {sharding.seq_size(mesh)} along the sequence"
+                      if sharding.seq_size(mesh) > 1 else ""))
 
   def run_eval(step):
     res = evaluate(eval_fn, state, ds, mesh, eval_n)
@@ -572,9 +600,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   window = TrainWindow(ckpt.directory)
   last_train: dict[str, float] = {}
   per_dispatch = dispatch_steps(tcfg)
-  fused_fn = (make_fused_steps(graphdef, ds.kind, state_sh, sharding.batch_sharding(mesh), repl,
-                               getattr(ds, "max_targets_per_row", None))
-              if per_dispatch > 1 else None)
+  fused_fn = (sharding.under_mesh(make_fused_steps(
+      graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None)),
+      mesh) if per_dispatch > 1 else None)
   compiled: set[str] = set()
 
   def chunk_end(step: int) -> int:

@@ -51,5 +51,5 @@ def fake_config(mixer="gla", steps=6, **train):
   c.train = dict(steps=steps, eval_every=3, eval_batches=2, log_every=2, seed=0,
                  checkpoint_every=2, keep_checkpoints=2, async_checkpoints=True)
   c.train.update(train)
-  c.mesh = dict(data=1, fsdp=False)
+  c.mesh = dict(data=1, fsdp=False, seq=1)
   return c
