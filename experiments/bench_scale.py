@@ -1,0 +1,172 @@
+"""Scale benchmarks. Part (b): context parallelism (``config.mesh.seq``) on fake CPU devices.
+
+For one decay mixer (GLA by default; d 64, 2 layers, byte vocabulary, one row) and a range
+of sequence lengths, the trainer's own training step (``trainer.make_steps``: forward,
+backward, AdamW) is compiled on a ``("data", "seq")`` mesh of ``1 x seq`` devices for
+``seq`` = 1, 2, 4. XLA's ``memory_analysis`` of the compiled step gives the plan of one
+device: temporaries + arguments + outputs (bytes; the donated state is counted in both
+arguments and outputs, as the brief for this benchmark asks, so it is an upper bound). A
+length "fits" when that total is within ``--budget_mb`` per device; steps that fit are
+also timed (median of ``--steps`` after the compiling one).
+
+The devices are fake (``--xla_force_host_platform_device_count``): they share the host's
+cores, so step times do not speed up with ``seq``; they show the cost of the collectives
+and the per-device work, and memory is the measure. Writes ``results/bench_scale_cpu.json``
+(``--out``) and prints a table.
+
+  python experiments/bench_scale.py                          # GLA, T = 4k .. 256k, 1 GB
+  python experiments/bench_scale.py --mixer=mamba2 --lengths=1024,4096 --budget_mb=64
+
+Part (a) (one process x 2 devices against 2 processes x 1 device) is not here yet.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Before JAX starts: 4 fake CPU devices (an explicit XLA_FLAGS count wins).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=4").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from linear_attention import models  # noqa: E402
+from linear_attention.io import write_json  # noqa: E402
+from linear_attention.train import optim, sharding, trainer  # noqa: E402
+
+MB = 2**20
+
+
+def build_step(mixer: str, seq: int, seq_len: int, d_model: int, num_layers: int,
+               num_heads: int, vocab: int, batch: int):
+  """The trainer's jitted train step on a ``1 x seq`` mesh, its placed state and batch.
+
+  Returns:
+    ``(step, state, batch, mesh, num_params)``; ``step`` runs inside the mesh context.
+  """
+  mcfg = dict(mixer=mixer, pattern="", d_model=d_model, num_layers=num_layers,
+              num_heads=num_heads, mlp_ratio=8 / 3, tie_embeddings=True, mixer_kwargs={},
+              pooling="mean", dtype="float32")
+  model = trainer.create_model(mcfg, vocab, "lm", None, seed=0)
+  ocfg = dict(lr=1e-3, warmup_steps=10, final_lr_ratio=0.1, weight_decay=0.1, b1=0.9,
+              b2=0.95, eps=1e-8, clip_norm=1.0)
+  opt = optim.make_optimizer(model, ocfg, total_steps=100)
+  mesh = sharding.make_mesh({"data": 1, "seq": seq})
+  graphdef, state = nnx.split((model, opt))
+  state_sh = sharding.state_shardings(state, mesh, fsdp=False)
+  state = jax.device_put(state, state_sh)
+  rng = np.random.default_rng(0)
+  toks = rng.integers(0, vocab, (batch, seq_len + 1)).astype(np.int32)
+  host = {"inputs": toks[:, :-1], "targets": toks[:, 1:],
+          "mask": np.ones((batch, seq_len), np.float32)}
+  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  train_fn, _ = trainer.make_steps(graphdef, "lm", state_sh,
+                                   sharding.batch_shardings(host, mesh), repl)
+  return train_fn, state, sharding.put_batch(host, mesh), mesh, models.count_params(model)
+
+
+def measure(mixer: str, seq: int, seq_len: int, args) -> dict:
+  """The per-device memory plan of one training step and, if it fits, its time."""
+  train_fn, state, batch, mesh, num_params = build_step(
+      mixer, seq, seq_len, args.d_model, args.num_layers, args.num_heads, args.vocab,
+      args.batch)
+  t0 = time.perf_counter()
+  with sharding.mesh_context(mesh):
+    compiled = train_fn.lower(state, batch).compile()
+  compile_s = time.perf_counter() - t0
+  ma = compiled.memory_analysis()
+  mem = {"temp": int(ma.temp_size_in_bytes), "arguments": int(ma.argument_size_in_bytes),
+         "outputs": int(ma.output_size_in_bytes), "alias": int(ma.alias_size_in_bytes)}
+  mem["total"] = mem["temp"] + mem["arguments"] + mem["outputs"]
+  row = {"seq": seq, "seq_len": seq_len, "tokens_per_device": seq_len // seq,
+         "memory_bytes": mem, "fits": mem["total"] <= args.budget_mb * MB,
+         "compile_s": compile_s, "num_params": num_params, "step_s": None, "loss": None}
+  if row["fits"]:
+    state, m = compiled(state, batch)  # the first run (allocation) is not timed
+    jax.block_until_ready(m["loss"])
+    times = []
+    for _ in range(args.steps):
+      t0 = time.perf_counter()
+      state, m = compiled(state, batch)
+      jax.block_until_ready(m["loss"])
+      times.append(time.perf_counter() - t0)
+    row["step_s"] = float(np.median(times))
+    row["loss"] = float(m["loss"])
+  return row
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--mixer", default="gla")
+  p.add_argument("--lengths", default="4096,16384,65536,131072,262144")
+  p.add_argument("--seqs", default="1,2,4")
+  p.add_argument("--budget_mb", type=float, default=1024.0)
+  p.add_argument("--d_model", type=int, default=64)
+  p.add_argument("--num_layers", type=int, default=2)
+  p.add_argument("--num_heads", type=int, default=4)
+  p.add_argument("--vocab", type=int, default=256)
+  p.add_argument("--batch", type=int, default=1)
+  p.add_argument("--steps", type=int, default=2)
+  p.add_argument("--out", default="results/bench_scale_cpu.json")
+  args = p.parse_args(argv)
+  lengths = [int(x) for x in args.lengths.split(",")]
+  seqs = [int(x) for x in args.seqs.split(",")]
+  if jax.device_count() < max(seqs):
+    raise SystemExit(f"error: --seqs up to {max(seqs)} needs that many devices, got "
+                     f"{jax.device_count()} (XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}).")
+  rows = []
+  print(f"{args.mixer}, d {args.d_model}, {args.num_layers} layers, batch {args.batch}; "
+        f"budget {args.budget_mb:.0f} MiB per device", flush=True)
+  print(f"{'T':>8} {'seq':>4} {'T/dev':>8} {'temp MiB':>9} {'args MiB':>9} {'out MiB':>8} "
+        f"{'total MiB':>10} {'fits':>5} {'step s':>8}", flush=True)
+  for t in lengths:
+    for s in seqs:
+      r = measure(args.mixer, s, t, args)
+      rows.append(r)
+      m = r["memory_bytes"]
+      step = "-" if r["step_s"] is None else f"{r['step_s']:.3f}"
+      print(f"{t:>8} {s:>4} {t // s:>8} {m['temp'] / MB:>9.1f} {m['arguments'] / MB:>9.1f} "
+            f"{m['outputs'] / MB:>8.1f} {m['total'] / MB:>10.1f} {str(r['fits']):>5} "
+            f"{step:>8}", flush=True)
+  # The headline: the longest length each seq fits, and the memory at the longest both fit.
+  longest = {s: max([r["seq_len"] for r in rows if r["seq"] == s and r["fits"]], default=None)
+             for s in seqs}
+  both = [t for t in lengths if all(r["fits"] for r in rows if r["seq_len"] == t)]
+  at = max(both, default=None)
+  ratio = None
+  if at is not None:
+    tot = {r["seq"]: r["memory_bytes"]["total"] for r in rows if r["seq_len"] == at}
+    ratio = {s: tot[s] / tot[seqs[0]] for s in seqs}
+  summary = {"longest_fitting_seq_len": {str(s): v for s, v in longest.items()},
+             "longest_length_all_fit": at,
+             "memory_vs_seq1_at_that_length": None if ratio is None else
+             {str(s): v for s, v in ratio.items()}}
+  print(f"longest length within the budget: {summary['longest_fitting_seq_len']}; at T={at} "
+        f"(all fit) memory per device relative to seq={seqs[0]}: "
+        + ("-" if ratio is None else ", ".join(f"seq {s}: {v:.2f}" for s, v in ratio.items())),
+        flush=True)
+  out = {"benchmark": "bench_scale (b): context parallelism, fake CPU devices",
+         "config": {k: v for k, v in vars(args).items() if k != "out"},
+         "memory": "XLA memory_analysis of the compiled train step, per device: temp + "
+                   "arguments + outputs (the donated state counted in both; 'alias' bytes "
+                   "of it are shared)",
+         "device": f"{jax.device_count()} fake CPU devices on {os.cpu_count()} cores "
+                   f"({platform.processor() or platform.machine()}), jax {jax.__version__}",
+         "rows": rows, "summary": summary}
+  write_json(args.out, out)
+  print(f"wrote {args.out}", flush=True)
+  return out
+
+
+if __name__ == "__main__":
+  main()
