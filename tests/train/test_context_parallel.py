@@ -5,16 +5,21 @@ The checks that need 4 devices run in one subprocess (``XLA_FLAGS=
 --xla_force_host_platform_device_count=4``), bounded by a timeout:
 
 - a tiny language model with one block of every context-parallel mixer (a hybrid
-  pattern) and ``short_conv=3``: loss and parameter gradients with ``("data", "seq")``
-  meshes ``(1, 4)`` and, with packed segments, ``(2, 2)``, against the same model
-  without a mesh. Tolerance: float32 reduction order, ``rtol=atol=2e-4`` on the loss and
-  on every gradient leaf (the sharded path sums the per-device states in another order);
+  pattern; Based and ReBased, the ``linear`` twin with other feature maps, left out) and
+  ``short_conv=3`` (Mamba-2 has its own, width 4): loss and parameter gradients with
+  ``("data", "seq")`` meshes ``(1, 4)`` and ``(2, 2)`` against the same model without a
+  mesh. Tolerance: float32 reduction order, ``rtol=atol=2e-4`` on the loss and on every
+  gradient leaf (the sharded path sums the per-device states in another order);
+- packed segments through the halo convolution and all-gather attention (boundaries
+  inside a slice and on a slice edge), outputs and gradients, same tolerance (the
+  engine's segments are covered by ``tests/ops/test_sequence_parallel.py``);
 - the trainer, 4 steps of GLA with ``short_conv=3``, two steps per fused dispatch:
   ``mesh.seq=2`` against ``mesh.seq=1`` (losses and final parameters, the tolerances of
   ``test_multidevice``);
 - the errors: an unsupported mixer, ``seq`` not dividing ``T`` or the device count.
 
-The sharded compilations run two at a time in threads (XLA compiles outside the GIL).
+The model's three compilations run two at a time in threads (XLA compiles outside the
+GIL), for the 2-core CI machine.
 """
 
 from __future__ import annotations
@@ -131,17 +136,18 @@ SCRIPT = textwrap.dedent("""
         raise AssertionError("DeltaNet ran with the sequence sharded")
 
     # ---- the trainer: mesh.seq=2 equals mesh.seq=1
-    res = {}
-    for name, seq in (("seq1", 1), ("seq2", 2)):
+    def run(seq):
       cfg = fake_config(steps=4, eval_every=0, log_every=2, checkpoint_every=0,
                         steps_per_dispatch=2)
       cfg.model.short_conv = 3
       cfg.mesh.seq = seq
-      wd = f"{WORKDIR}/{name}"
+      wd = f"{WORKDIR}/seq{seq}"
       final = train.train_and_evaluate(cfg, wd, dataset=FakeDataset(), verbose=False)
       losses = [r["loss"] for r in train.metrics.read_metrics(wd, "train")]
       leaves = [np.asarray(x) for x in jax.tree.leaves(train.load_checkpoint(wd))]
-      res[name] = (losses, final["validation_loss"], leaves)
+      return losses, final["validation_loss"], leaves
+
+    res = {"seq1": run(1), "seq2": run(2)}
     np.testing.assert_allclose(res["seq2"][0], res["seq1"][0], rtol=2e-5)
     np.testing.assert_allclose(res["seq2"][1], res["seq1"][1], rtol=2e-5)
     for a, b in zip(res["seq2"][2], res["seq1"][2]):
