@@ -91,7 +91,8 @@ def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None =
     ckpt.close()
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   trainer.check_context_parallel(model, ds, mesh)
-  batch_sh = sharding.batch_shardings(next(iter(ds.eval_batches(split, 1))), mesh)
+  batch_sh = sharding.batch_shardings(next(iter(ds.eval_batches(split=split, num_batches=1))),
+                                      mesh)
   _, eval_fn = trainer.make_steps(graphdef, ds.kind, state_sh, batch_sh, repl,
                                   getattr(ds, "max_targets_per_row", None))
   eval_fn = sharding.under_mesh(eval_fn, mesh)
