@@ -304,8 +304,11 @@ def _crash_reason(log: str) -> str:
 
 
 def child_env(target: str, dump: bool) -> dict[str, str]:
-  """The environment of a compile child: CPU JAX, no TPU metadata query, ptxas -v."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1")
+  """The environment of a compile child: CPU JAX, no TPU metadata query, ptxas -v, and
+  compiler optimisations on (the kernels as users compile them, whatever the parent set:
+  the test session turns most of XLA's off, which makes ptxas spill)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1",
+             JAX_DISABLE_MOST_OPTIMIZATIONS="0")
   if platform_of(target) == "gpu" and dump:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_ptx_compiler_extra_flags=-v").strip()
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"
