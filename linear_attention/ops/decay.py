@@ -117,20 +117,21 @@ def decay_linear_attention(
 def _forward(q, k, v, log_decay, initial_state, segment_ids, *, scale, form, chunk_size):
   """The checked entry point's body, compiled once per shape and static config."""
   acc = common.acc_dtype(q.dtype)
+  seg = None if segment_ids is None else common.segment_index(segment_ids)
+  s0 = None if initial_state is None else initial_state.astype(acc)
+  if form == "chunk":
+    # zeros_like of the inputs (not jnp.zeros): inside shard_map it varies as they do.
+    s0 = jnp.zeros_like(q[:, 0, :, :, None] * v[:, 0, :, None, :], acc) if s0 is None else s0
+    return _chunk(q, k, v, log_decay, s0, seg, scale, chunk_size)
   # Work in [B, H, T, *]: heads become a batch axis of every matmul.
   qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
   qh = qh * scale
   g = None if log_decay is None else jnp.swapaxes(log_decay, 1, 2).astype(acc)
   g = common.floor_log_decay(g)  # -inf (a hard reset) would give inf - inf in the cumsums
-  seg = None if segment_ids is None else common.segment_index(segment_ids)
-  s0 = None if initial_state is None else initial_state.astype(acc)
-
   if form == "recurrent":
     o, state = _recurrent(qh, kh, vh, g, s0, seg)
-  elif form == "parallel":
-    o, state = _parallel(qh, kh, vh, g, s0, seg)
   else:
-    o, state = _chunk(qh, kh, vh, g, s0, seg, chunk_size)
+    o, state = _parallel(qh, kh, vh, g, s0, seg)
   return jnp.swapaxes(o, 1, 2).astype(q.dtype), state
 
 
@@ -279,104 +280,137 @@ def _intra_scores_vector(q, k, gc):
   return off + diag
 
 
-def _chunk(qh, kh, vh, g, s0, seg, chunk_size):
-  """Chunkwise-parallel form; inputs ``[B, H, T, *]``.
+def _chunk(q, k, v, g, s0, seg, scale, chunk_size):
+  """Chunkwise-parallel form on ``[B, T, H, *]`` inputs; returns ``(o [B, T, H, V], state)``.
 
-  Long sequences go through in blocks of ``_BLOCK_CHUNKS`` chunks, one block
-  per ``lax.scan`` step with the state carried: the work per token stays the
-  same at any length and each block's working set stays in cache. The
-  gradient is :func:`_chunk_bwd`.
+  The sequence goes through in blocks of ``_BLOCK_CHUNKS`` chunks, one block per
+  ``lax.scan`` step with the state carried: the work per token stays the same at any length
+  and each block's working set stays in cache. Each block is sliced from the inputs and
+  transposed to ``[B, H, L, *]`` (heads as a batch axis of every matmul) inside the loop, and
+  its output written back in place: at long ``T`` whole-array transposes and copies, not the
+  matmuls, bounded the time on a CPU (about 5 GB/s out of cache here). The gradient is
+  :func:`_chunk_bwd`.
   """
-  s0 = common.zero_state(qh, vh) if s0 is None else s0
-  segb = None if seg is None else _block_segments(seg, _block_size(qh, chunk_size))
-  o, state, _ = _chunk_vjp(qh, kh, vh, g, s0, segb, chunk_size)
+  o, state, _ = _chunk_vjp(q, k, v, g, s0, seg, scale, chunk_size)
   return o, state
 
 
-def _block_size(qh, chunk_size):
-  """Tokens per block: ``_BLOCK_CHUNKS`` chunks, or the whole (short) sequence."""
-  return min(chunk_size * _BLOCK_CHUNKS, -(-qh.shape[2] // chunk_size) * chunk_size)
+def _blocks(t, chunk_size):
+  """``(block, n_full, tail)``: tokens per block, full blocks, and the length of the last,
+  shorter block (0: none)."""
+  block = chunk_size * _BLOCK_CHUNKS
+  return (block,) + divmod(t, block)
 
 
-def _block_segments(seg, block):
-  """Per-block segment indices ``[n, B, block]`` and the index of the token before each
-  block ``[n, B]`` (the block's own first token's for the first block)."""
-  segp = common.pad_segment_ids(seg, block)
-  n = segp.shape[1] // block
-  segp = segp.reshape(seg.shape[0], n, block)
-  prev = jnp.concatenate([segp[:, :1, 0], segp[:, :-1, -1]], axis=1)
-  return jnp.moveaxis(segp, 1, 0), prev.T
+def _over_blocks(fn, carry, bufs, t, chunk_size, reverse=False):
+  """Runs ``fn(carry, start, size) -> (carry, ys, extra)`` over the blocks of ``[0, t)``.
+
+  Each ``ys[i]`` (``[B, size, ...]``) is written into ``bufs[i]`` at ``start`` along axis 1;
+  the ``extra`` of every block are stacked in block order. ``reverse`` runs from the last
+  block. Returns ``(carry, bufs, extras)``.
+  """
+  block, n_full, tail = _blocks(t, chunk_size)
+  if n_full + bool(tail) == 1:  # one block: its outputs are the buffers
+    carry, ys, extra = fn(carry, 0, t)
+    return carry, ys, jax.tree_util.tree_map(lambda x: x[None], extra)
+
+  def put(bufs, ys, start):
+    return tuple(lax.dynamic_update_slice_in_dim(b, y, start, axis=1) for b, y in zip(bufs, ys))
+
+  def step(state, i):
+    carry, bufs = state
+    carry, ys, extra = fn(carry, i * block, block)
+    return (carry, put(bufs, ys, i * block)), extra
+
+  def full(carry, bufs):
+    (carry, bufs), extras = lax.scan(step, (carry, bufs), jnp.arange(n_full), reverse=reverse)
+    return carry, bufs, [extras]
+
+  def last(carry, bufs):
+    carry, ys, extra = fn(carry, n_full * block, tail)
+    return carry, put(bufs, ys, n_full * block), [jax.tree_util.tree_map(lambda x: x[None], extra)]
+
+  parts = ([last] if tail else []) + ([full] if n_full else [])
+  extras = []
+  for part in (parts if reverse else parts[::-1]):
+    carry, bufs, ex = part(carry, bufs)
+    extras = ex + extras if reverse else extras + ex
+  extras = jax.tree_util.tree_map(lambda *x: jnp.concatenate(x), *extras)
+  return carry, bufs, extras
 
 
-def _to_blocks(x, block):
-  """``[B, H, T, *]`` -> ``[n, B, H, block, *]`` (zero-padded); None stays None."""
-  if x is None:
+def _slice(x, start, size):
+  """Tokens ``[start, start + size)`` of ``[B, T, ...]`` (None stays None)."""
+  return None if x is None else lax.dynamic_slice_in_dim(x, start, size, axis=1)
+
+
+def _block_segments(seg, start, size):
+  """One block's segment indices ``[B, size]`` and that of the token before it ``[B]``."""
+  if seg is None:
     return None
-  x = common.pad_axis(x, block, axis=2)
-  n = x.shape[2] // block
-  return jnp.moveaxis(x.reshape(x.shape[:2] + (n, block) + x.shape[3:]), 2, 0)
+  before = lax.dynamic_index_in_dim(seg, jnp.maximum(start - 1, 0), axis=1, keepdims=False)
+  return _slice(seg, start, size), before
 
 
-def _from_blocks(x, t):
-  """The inverse of :func:`_to_blocks`, cut back to ``t`` tokens."""
-  if x is None:
-    return None
-  x = jnp.moveaxis(x, 0, 2)
-  return x.reshape(x.shape[:2] + (-1,) + x.shape[4:])[:, :, :t]
+def _prepare(q, k, v, g, scale):
+  """A block in ``[B, L, H, *]`` -> ``[B, H, L, *]`` in the accumulation dtype, ``q`` scaled,
+  ``g`` floored (``-inf``, a hard reset, would give ``inf - inf`` in the cumsums)."""
+  acc = common.acc_dtype(q.dtype)
+  heads_first = lambda x: None if x is None else jnp.swapaxes(x, 1, 2).astype(acc)
+  qh, kh, vh, gh = (heads_first(x) for x in (q, k, v, g))
+  return qh * scale, kh, vh, common.floor_log_decay(gh)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _chunk_vjp(qh, kh, vh, g, s0, segb, chunk_size):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _chunk_vjp(q, k, v, g, s0, seg, scale, chunk_size):
   """The blocked chunk form: ``(o, final state, state entering each block)``."""
-  t, block = qh.shape[2], _block_size(qh, chunk_size)
-
-  def body(state, x):
-    q_b, k_b, v_b, g_b, seg_b = x
-    parts = _chunk_local(q_b, k_b, v_b, g_b, seg_b, chunk_size)
+  def block(state, start, size):
+    xs = (_slice(x, start, size) for x in (q, k, v, g))
+    parts = _chunk_local(*_prepare(*xs, scale), _block_segments(seg, start, size), chunk_size)
     o_b, new_state, _ = _chunk_carry(parts, state)
-    return new_state, (o_b, state)
+    return new_state, (jnp.swapaxes(o_b[:, :, :size], 1, 2).astype(q.dtype),), state
 
-  xs = tuple(_to_blocks(x, block) for x in (qh, kh, vh, g)) + (segb,)
-  state, (o, entering) = lax.scan(body, s0, xs)
-  return _from_blocks(o, t), state, entering
-
-
-def _chunk_fwd(qh, kh, vh, g, s0, segb, chunk_size):
-  o, state, entering = _chunk_vjp(qh, kh, vh, g, s0, segb, chunk_size)
-  return (o, state, entering), (qh, kh, vh, g, segb, entering)
+  o = jnp.zeros_like(v, q.dtype)
+  state, (o,), entering = _over_blocks(block, s0, (o,), q.shape[1], chunk_size)
+  return o, state, entering
 
 
-def _chunk_bwd(chunk_size, res, cts):
+def _chunk_fwd(q, k, v, g, s0, seg, scale, chunk_size):
+  o, state, entering = _chunk_vjp(q, k, v, g, s0, seg, scale, chunk_size)
+  return (o, state, entering), (q, k, v, g, seg, entering)
+
+
+def _chunk_bwd(scale, chunk_size, res, cts):
   """The chunk form's gradient, block by block from the last.
 
   Differentiating the forward through its scans stores every chunk's carry and runs the
   scans' transposes step by step (the backward took 3.7x the forward at 4k). Here each
   block recomputes its chunks' states with one scan, runs the states' cotangents back with
   another (``dS_in = a dS_out + q_in^T dO``), and differentiates only the scan-free rest
-  (:func:`_chunk_local` and the read ``q_in S_in``) with ``jax.vjp``: batched matmuls.
+  (:func:`_prepare`, :func:`_chunk_local` and the read ``q_in S_in``) with ``jax.vjp``.
   """
-  qh, kh, vh, g, segb, entering = res
+  q, k, v, g, seg, entering = res
   do, dstate, _ = cts  # the block states are an internal output: no cotangent flows to them
-  t, block = qh.shape[2], _block_size(qh, chunk_size)
+  block_len = _blocks(q.shape[1], chunk_size)[0]
 
-  def body(ds, x):
-    q_b, k_b, v_b, g_b, seg_b, do_b, s_b = x
-    local = lambda q, k, v, g: _chunk_local(q, k, v, g, seg_b, chunk_size)
-    parts, vjp = jax.vjp(local, q_b, k_b, v_b, g_b)
+  def block(ds, start, size):
+    seg_b = _block_segments(seg, start, size)
+    local = lambda q, k, v, g: _chunk_local(*_prepare(q, k, v, g, scale), seg_b, chunk_size)
+    parts, vjp = jax.vjp(local, *(_slice(x, start, size) for x in (q, k, v, g)))
     o_intra, q_in, loc, a = parts
+    s_b = lax.dynamic_index_in_dim(entering, start // block_len, keepdims=False)
     _, _, s_in = _chunk_carry(parts, s_b)
-    do_c = _chunks(do_b.astype(q_b.dtype), chunk_size)
+    do_c = _chunks(jnp.swapaxes(_slice(do, start, size), 1, 2).astype(q_in.dtype), chunk_size)
     dloc = jnp.einsum("bhnik,bhniv->bhnkv", q_in, do_c)
     ds_start, ds_out = _scan_chunks(a, dloc, ds, reverse=True)
     da = jnp.sum(s_in * ds_out, axis=(3, 4) if a.shape[3] == 1 else 4, keepdims=True)
     grads = vjp((do_c, jnp.einsum("bhniv,bhnkv->bhnik", do_c, s_in), ds_out, da))
-    return ds_start, grads
+    return ds_start, tuple(x for x in grads if x is not None), None
 
-  xs = tuple(_to_blocks(x, block) for x in (qh, kh, vh, g)) + (segb, _to_blocks(do, block),
-                                                              entering)
-  ds0, grads = lax.scan(body, dstate, xs, reverse=True)
-  dq, dk, dv, dg = (_from_blocks(x, t) for x in grads)
-  return dq, dk, dv, dg, ds0, None
+  bufs = tuple(jnp.zeros_like(x) for x in (q, k, v, g) if x is not None)
+  ds0, grads, _ = _over_blocks(block, dstate, bufs, q.shape[1], chunk_size, reverse=True)
+  dq, dk, dv, *dg = grads
+  return dq, dk, dv, dg[0] if dg else None, ds0, None
 
 
 _chunk_vjp.defvjp(_chunk_fwd, _chunk_bwd)
