@@ -544,7 +544,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
   state = jax.device_put(state, state_sh)
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  batch_sh = sharding.batch_shardings(ds.batch(0, split="train"), mesh)
+  # Per-field shardings need the fields' ranks, so a batch, only when the sequence is sharded
+  # (otherwise one row sharding fits every field, and the data stream sees no extra request).
+  batch_sh = (sharding.batch_sharding(mesh) if sharding.seq_size(mesh) == 1
+              else sharding.batch_shardings(ds.batch(0, split="train"), mesh))
   train_fn, eval_fn = (sharding.under_mesh(f, mesh) for f in make_steps(
       graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None)))
 
