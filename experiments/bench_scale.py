@@ -17,7 +17,13 @@ and the per-device work, and memory is the measure. Writes ``results/bench_scale
   python experiments/bench_scale.py                          # GLA, T = 4k .. 256k, 1 GB
   python experiments/bench_scale.py --mixer=mamba2 --lengths=1024,4096 --budget_mb=64
 
-Part (a) (one process x 2 devices against 2 processes x 1 device) is not here yet.
+Part (a), ``--part a``: the cost of real cross-process collectives. The trainer's command
+(``python -m linear_attention.main``, the MQAR model at d 64, 2 layers, T 256, batch 16) runs
+as one process holding 2 CPU devices and as 2 processes of one device each on localhost
+(Gloo all-reduces), with data parallelism and with FSDP; tokens/s is the median of the
+trainer's own logged windows after the first. Writes ``results/bench_scale_processes_cpu.json``.
+
+  python experiments/bench_scale.py --part a
 """
 
 from __future__ import annotations
@@ -105,8 +111,91 @@ def measure(mixer: str, seq: int, seq_len: int, args) -> dict:
   return row
 
 
+def _free_port() -> int:
+  import socket
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def run_processes(workdir: str, processes: int, fsdp: bool, steps: int, timeout: float) -> dict:
+  """Trains through the CLI as ``processes`` processes (1 device each) or one of 2 devices;
+  returns tokens/s (median of the logged windows after the first) and the final loss."""
+  import json
+  import subprocess
+  devices = 1 if processes > 1 else 2
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  cmd = [sys.executable, "-m", "linear_attention.main", f"--workdir={workdir}", "--quiet",
+         "--config=configs/mqar.py:size=small", "--config.data.seq_len=256",
+         "--config.data.num_kv_pairs=16", "--config.data.batch_size=16",
+         f"--config.train.steps={steps}", "--config.train.eval_every=0",
+         "--config.train.log_every=10", f"--config.train.checkpoint_every={10 * steps}",
+         "--config.train.eval_batches=1", f"--config.mesh.fsdp={fsdp}"]
+  if processes > 1:
+    cmd += [f"--coordinator_address=127.0.0.1:{_free_port()}", f"--num_processes={processes}"]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  procs = [subprocess.Popen(cmd + ([f"--process_id={i}"] if processes > 1 else []), cwd=root,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+           for i in range(processes)]
+  try:
+    errs = [p.communicate(timeout=timeout)[1] for p in procs]
+  except subprocess.TimeoutExpired:
+    for p in procs:
+      p.kill()
+    raise SystemExit(f"error: the {processes}-process run did not finish in {timeout:.0f} s")
+  for p, err in zip(procs, errs):
+    if p.returncode:
+      raise SystemExit(f"error: a process exited {p.returncode}: {err[-2000:]}")
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    recs = [json.loads(line) for line in f]
+  train = [r for r in recs if r["split"] == "train"]
+  return {"tokens_per_s": float(np.median([r["tokens_per_s"] for r in train[1:]])),
+          "windows": len(train) - 1, "final_train_loss": train[-1]["loss"]}
+
+
+def main_processes(argv=None) -> dict:
+  """Part (a): 1 process x 2 devices against 2 processes x 1 device (see the docstring)."""
+  import tempfile
+  p = argparse.ArgumentParser(description="bench_scale part (a)")
+  p.add_argument("--part", default="a")
+  p.add_argument("--steps", type=int, default=60)
+  p.add_argument("--timeout", type=float, default=900.0)
+  p.add_argument("--out", default="results/bench_scale_processes_cpu.json")
+  args = p.parse_args(argv)
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for fsdp in (False, True):
+      for processes in (1, 2):
+        r = run_processes(os.path.join(tmp, f"{processes}-{fsdp}"), processes, fsdp,
+                          args.steps, args.timeout)
+        rows.append({"processes": processes, "devices_per_process": 2 // processes,
+                     "fsdp": fsdp, **r})
+        print(f"{'FSDP' if fsdp else 'data parallel':>13} {processes} process(es) x "
+              f"{2 // processes} device(s): {r['tokens_per_s']:9.0f} tokens/s", flush=True)
+  for r in rows:
+    one = next(x for x in rows if x["fsdp"] == r["fsdp"] and x["processes"] == 1)
+    r["vs_one_process"] = r["tokens_per_s"] / one["tokens_per_s"]
+  print(f"\n{'sharding':>13} {'layout':>10} {'tokens/s':>10} {'vs 1 process':>13}")
+  for r in rows:
+    print(f"{'FSDP' if r['fsdp'] else 'data':>13} {r['processes']}x{r['devices_per_process']:<8} "
+          f"{r['tokens_per_s']:>10.0f} {r['vs_one_process']:>12.2f}x")
+  out = {"benchmark": "bench_scale (a): 1 process x 2 devices vs 2 processes x 1 device",
+         "model": "configs/mqar.py:size=small, T 256, 16 pairs, batch 16 (global)",
+         "device": f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
+                   f"Gloo collectives between processes, jax {jax.__version__}",
+         "steps": args.steps, "rows": rows}
+  write_json(args.out, out)
+  print(f"wrote {args.out}", flush=True)
+  return out
+
+
 def main(argv=None) -> dict:
+  argv = sys.argv[1:] if argv is None else argv
+  if "--part=a" in argv or ("--part" in argv and argv[argv.index("--part") + 1] == "a"):
+    return main_processes(argv)
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--part", default="b", choices=["a", "b"], help="a: processes; b: mesh.seq")
   p.add_argument("--mixer", default="gla")
   p.add_argument("--lengths", default="4096,16384,65536,131072,262144")
   p.add_argument("--seqs", default="1,2,4")
