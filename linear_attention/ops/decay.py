@@ -397,9 +397,9 @@ def _chunk_bwd(scale, chunk_size, res, cts):
     seg_b = _block_segments(seg, start, size)
     local = lambda q, k, v, g: _chunk_local(*_prepare(q, k, v, g, scale), seg_b, chunk_size)
     parts, vjp = jax.vjp(local, *(_slice(x, start, size) for x in (q, k, v, g)))
-    o_intra, q_in, loc, a = parts
+    _, q_in, loc, a = parts
     s_b = lax.dynamic_index_in_dim(entering, start // block_len, keepdims=False)
-    _, _, s_in = _chunk_carry(parts, s_b)
+    _, s_in = _scan_chunks(a, loc, s_b)  # the states entering each chunk, recomputed
     do_c = _chunks(jnp.swapaxes(_slice(do, start, size), 1, 2).astype(q_in.dtype), chunk_size)
     dloc = jnp.einsum("bhnik,bhniv->bhnkv", q_in, do_c)
     ds_start, ds_out = _scan_chunks(a, dloc, ds, reverse=True)

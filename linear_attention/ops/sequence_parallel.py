@@ -316,20 +316,13 @@ def _sharded(q, k, v, log_decay, initial_state, segment_ids, *, mesh, axis_name,
   named = {"q": (q, seq_spec), "k": (k, seq_spec), "v": (v, seq_spec),
            "log_decay": (log_decay, seq_spec), "initial_state": (initial_state, P(bspec)),
            "segment_ids": (segment_ids, seq_spec)}
-  names = [n for n, (x, _) in named.items() if x is not None]
-  args = [named[n][0] for n in names]
-  if isinstance(mesh, Mesh):  # an abstract mesh has no devices: shard_map reshards under jit
-    args = [jax.device_put(x, NamedSharding(mesh, named[n][1])) for n, x in zip(names, args)]
-  specs = tuple(named[n][1] for n in names)
 
-  def body(*xs):
-    kw = dict(zip(names, xs))
+  def body(q, k, v, log_decay=None, **kw):
     return sequence_parallel_decay_attention_local(
-        kw.pop("q"), kw.pop("k"), kw.pop("v"), kw.pop("log_decay", None), axis_name=axis_name,
-        scale=scale, chunk_size=chunk_size, return_state=return_state, **kw)
+        q, k, v, log_decay, axis_name=axis_name, scale=scale, chunk_size=chunk_size,
+        return_state=return_state, **kw)
 
-  out_specs = (seq_spec, P(bspec)) if return_state else seq_spec
-  return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_specs)(*args)
+  return _shard(body, mesh, named, (seq_spec, P(bspec)) if return_state else seq_spec)
 
 
 def sequence_parallel_gla(q: Array, k: Array, v: Array, log_g: Array, *, mesh: Mesh | AbstractMesh,

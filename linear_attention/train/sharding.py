@@ -19,8 +19,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from linear_attention.nn import context_parallel
+
 DATA = "data"
-SEQ = "seq"  # the axis name nn.context_parallel looks for
+SEQ = context_parallel.SEQ  # the axis the model's layers look for
 
 
 def make_mesh(cfg: Mapping[str, Any]) -> jax.sharding.Mesh:
