@@ -22,7 +22,9 @@ Each target runs in a child process, and the cases one after another in it:
 ``ptxas`` prints its statistics to the child's stderr, which the parent splits
 per case at markers; a Mosaic failure can abort the process, and then the
 parent records the crash for that case and starts a new child at the next
-case. Only one process may hold libtpu at a time, so TPU targets run serially.
+case. :func:`run_targets` deals several targets' cases into children that run
+concurrently, one a core; libtpu's one-process lock is lifted for them
+(``ALLOW_MULTIPLE_LIBTPU_LOAD``), as a compile-only topology holds no chip.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import dataclasses
 import json
 import os
 import re
+import concurrent.futures
 import subprocess
 import sys
 import tempfile
@@ -304,11 +307,13 @@ def _crash_reason(log: str) -> str:
 
 
 def child_env(target: str, dump: bool) -> dict[str, str]:
-  """The environment of a compile child: CPU JAX, no TPU metadata query, ptxas -v, and
-  compiler optimisations on (the kernels as users compile them, whatever the parent set:
+  """The environment of a compile child: CPU JAX, no TPU metadata query, no libtpu lock
+  (children compile concurrently), no persistent compilation cache, ptxas -v, and compiler
+  optimisations on (the kernels as users compile them, whatever the parent set:
   the test session turns most of XLA's off, which makes ptxas spill)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1",
-             JAX_DISABLE_MOST_OPTIMIZATIONS="0")
+             JAX_DISABLE_MOST_OPTIMIZATIONS="0", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)  # a cached program would skip ptxas
   if platform_of(target) == "gpu" and dump:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_ptx_compiler_extra_flags=-v").strip()
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"
@@ -382,6 +387,32 @@ def run_target(target: str, names: list[str] | None = None, *, python: str | Non
                         "kernels": {}}
         break
   return {n: results[n] for n in names}
+
+
+def run_targets(wanted: dict[str, list[str]], *, workers: int | None = None,
+                timeout: float = 900.0, detail: bool = True) -> dict[str, dict[str, dict]]:
+  """Compiles several targets' cases at once: each target's cases are dealt into
+  ``workers`` children (a compile child is one process on one core), all run concurrently.
+
+  Args:
+    wanted: ``{target: case names}`` (see :func:`run_target`).
+    workers: children at a time (default: this machine's cores).
+    timeout: seconds for each child.
+    detail: as in :func:`run_target`.
+
+  Returns:
+    ``{target: {case: result}}`` as :func:`run_target` returns per target.
+  """
+  workers = max(1, workers or os.cpu_count() or 1)
+  jobs = [(t, sorted(names)[i::workers]) for t, names in wanted.items() for i in range(workers)]
+  jobs = [(t, names) for t, names in jobs if names]
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    done = list(pool.map(lambda job: (job[0], run_target(job[0], job[1], timeout=timeout,
+                                                         detail=detail)), jobs))
+  out: dict[str, dict[str, dict]] = {t: {} for t in wanted}
+  for target, results in done:
+    out[target].update(results)
+  return out
 
 
 def main(argv=None) -> int:

@@ -20,8 +20,8 @@ def old_jax(what: str) -> str | None:
 
 def compiled_fixture(module_name: str, detail: bool):
   """A session fixture ``compiled(target)``: the results of the cases of ``target``
-  that the tests of ``module_name`` selected in this session, compiled together once
-  (one child process per target)."""
+  that the tests of ``module_name`` selected in this session, compiled once, every
+  target of the module at the same time (``aot.run_targets``: one child a core)."""
 
   @pytest.fixture(scope="session")
   def compiled(request):
@@ -33,9 +33,9 @@ def compiled_fixture(module_name: str, detail: bool):
     cache: dict[str, dict] = {}
 
     def get(target: str) -> dict[str, dict]:
-      if target not in cache:
-        cache[target] = aot.run_target(target, sorted(wanted.get(target, ())), timeout=1200,
-                                       detail=detail)
+      if not cache:
+        cache.update(aot.run_targets({t: sorted(c) for t, c in wanted.items()}, timeout=1200,
+                                     detail=detail))
       return cache[target]
 
     return get
