@@ -40,7 +40,9 @@ from linear_attention.ops import common
 
 Array = jax.Array
 
-_SUBCHUNK = 16
+# Sub-chunk length of per-channel decays: the exact in-sub-chunk part costs one exp per
+# (pair, channel), S per token; 8 measured 10-15% faster than 16 for GLA at 4k on one core.
+_SUBCHUNK = 8
 # Chunks per block of the chunk form's outer scan (see _chunk).
 _BLOCK_CHUNKS = 16
 
