@@ -120,6 +120,10 @@ def test_mqar_state_size_against_the_trend():
   one = mq_result([mq_row("softmax", 0.99), mq_row("gla", 0.5, state=10),
                    mq_row("mamba", 0.6, state=20), mq_row("hawk", 0.7, state=30)])
   assert by_claim(claims.mqar_claims(one), "larger state")["verdict"] == claims.NOT_MEASURED
+  # One pair at two widths: too few for a trend.
+  one_pair = mq_result([mq_row("softmax", 0.99), mq_row("gla", 0.5, d=64),
+                        mq_row("gla", 0.4, d=128), mq_row("mamba", 0.6), mq_row("hawk", 0.7)])
+  assert by_claim(claims.mqar_claims(one_pair), "larger state")["verdict"] == claims.NOT_MEASURED
   # One recurrent point per setting: nothing to correlate.
   few = mq_result([mq_row("softmax", 0.99), mq_row("gla", 0.5)])
   assert by_claim(claims.mqar_claims(few), "larger state")["verdict"] == claims.NOT_MEASURED
@@ -138,6 +142,24 @@ def test_mqar_gap_at_the_configured_larger_setting():
   assert row["verdict"] == claims.NOT_MEASURED and "T=128" in row["ours"]
 
 
+def test_mqar_recall_mixers_are_judged_apart_from_the_gap():
+  # DeltaNet matching softmax does not undo Zoology's gap for the fixed-state recurrences;
+  # it is the recall claim's evidence.
+  table = [mq_row("softmax", 0.99, t=128), mq_row("deltanet", 0.99, t=128),
+           mq_row("based", 0.97, t=128), mq_row("gla", 0.5, t=128)]
+  rows = claims.mqar_claims(mq_result(table))
+  gap = by_claim(rows, "fall short")
+  assert gap["verdict"] == claims.REPRODUCED and "(gla)" in gap["ours"]
+  assert by_claim(rows, "Recall-oriented")["verdict"] == claims.REPRODUCED
+  # Below SOLVED and significantly below softmax: not reproduced, naming the point.
+  table[1] = mq_row("deltanet", 0.6, t=128)
+  row = by_claim(claims.mqar_claims(mq_result(table)), "Recall-oriented")
+  assert row["verdict"] == claims.NOT_REPRODUCED and "deltanet at T=128" in row["reason"]
+  # No recall mixer trained: not measured.
+  row = by_claim(claims.mqar_claims(mq_result(table[:1] + table[3:])), "Recall-oriented")
+  assert row["verdict"] == claims.NOT_MEASURED
+
+
 def test_mqar_old_format_is_not_measured():
   old = {"config": {"smoke": False}, "table": [{"mixer": "softmax", "d_model": 64, "acc_64": 0.1}]}
   rows = claims.study_claims("mqar", old)
@@ -149,7 +171,7 @@ def test_partial_results_say_so():
   res = zoology_like()
   res["runs"] = [{"status": "done"}] * 3 + [{"status": "not run"}]
   rows = claims.mqar_claims(res)
-  assert all(r["reason"].startswith("partial results: 1 of 4 runs") for r in rows)
+  assert all(r["reason"].startswith("partial results: 1 of 4 runs unfinished (not run 1)") for r in rows)
   assert by_claim(rows, "Attention solves")["verdict"] == claims.REPRODUCED
 
 
