@@ -17,6 +17,9 @@ B=1, H=4, D=64, float32, causal. GFLOP/s count the chunk algorithm as written
 
   python experiments/bench_engine.py                 # T = 1k, 4k, 16k, 64k
   python experiments/bench_engine.py --smoke         # T = 256, 1k (a quick check)
+  # one core, as the studies' training workers run (XLA_FLAGS is recorded in the JSON):
+  XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+      python experiments/bench_engine.py --out results/bench_engine_cpu_1core.json
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def main(argv=None):
 
   out = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(),
              backend=jax.default_backend(), jax=jax.__version__, matmul_gflops=mm,
+             xla_flags=os.environ.get("XLA_FLAGS", ""),
              B=B, H=H, D=D, chunk=CHUNK, dtype="float32", linear=rows, gla=gla_row,
              time=time.strftime("%Y-%m-%d %H:%M:%S"))
   write_json(a.out, out)
