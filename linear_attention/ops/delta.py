@@ -254,6 +254,7 @@ def _pair_decay(gc, incl):
   return jnp.exp(jnp.where(incl, diff, -jnp.inf))
 
 
+@jax.custom_vjp
 def _unit_lower_inverse(l):
   """``(I + l)^{-1}`` for strictly lower-triangular ``l [..., n, n]``, matmuls only.
 
@@ -284,6 +285,24 @@ def _unit_lower_inverse(l):
     inv = jnp.concatenate([top, jnp.concatenate([low, d_inv], axis=-1)], axis=-2)
     s *= 2
   return inv.reshape(lead + (p, p))[..., :n, :n]
+
+
+def _unit_lower_inverse_fwd(l):
+  x = _unit_lower_inverse(l)
+  return x, x
+
+
+def _unit_lower_inverse_bwd(x, dx):
+  # X = (I + L)^{-1} gives dX = -X dL X, so dL = -X^T dX X^T, kept on the strictly lower
+  # triangle (the only entries of l the inverse reads). Two matmuls, against the six levels
+  # of reshapes, diagonals and concatenations that automatic differentiation replays.
+  mm = functools.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+  xt = jnp.swapaxes(x, -1, -2)
+  n = x.shape[-1]
+  return (jnp.where(np.tri(n, k=-1, dtype=bool), -mm(xt, mm(dx, xt)), 0.0),)
+
+
+_unit_lower_inverse.defvjp(_unit_lower_inverse_fwd, _unit_lower_inverse_bwd)
 
 
 def _unit_lower_inverse_rows(l):

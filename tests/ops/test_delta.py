@@ -135,6 +135,23 @@ def test_unit_lower_inverses(n):
   assert_close(jax.jit(delta._unit_lower_inverse_rows)(l), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n", [5, 16])
+def test_unit_lower_inverse_gradient(n):
+  # The written-out VJP (dL = -X^T dX X^T on the strict lower triangle) against automatic
+  # differentiation of a dense inverse, in float64. Entries on and above the diagonal are not
+  # read by the inverse, so their gradient is zero.
+  with jax.enable_x64(True):
+    l = jnp.tril(rand(keys(17, 1)[0], (2, n, n), scale=0.4).astype(jnp.float64), -1)
+    l = l + 3.0 * jnp.triu(jnp.ones((n, n), jnp.float64))
+    ct = rand(keys(18, 1)[0], (2, n, n)).astype(jnp.float64)
+    ours = jax.grad(lambda l: jnp.sum(delta._unit_lower_inverse(l) * ct))(l)
+    dense = jax.grad(lambda l: jnp.sum(jnp.linalg.inv(jnp.eye(n) + jnp.tril(l, -1)) * ct))(l)
+    assert_close(ours, dense, rtol=1e-10, atol=1e-10)
+    assert not np.any(np.triu(np.asarray(ours)))
+    jax.test_util.check_grads(delta._unit_lower_inverse, (jnp.tril(l, -1),), order=1,
+                              modes=("rev",), atol=1e-6, rtol=1e-6)
+
+
 # -------------------------------------------------------------------- backward
 
 
