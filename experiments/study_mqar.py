@@ -27,12 +27,16 @@ standard error ``sqrt(p (1 - p) / n)``.
 
 Budget: 2 CPU cores. ``FULL`` trains at most 1,000 steps of 64 sequences
 (64,000 examples) per point, against Zoology's 100,000 examples for 64 epochs
-(6.4M examples); the JSON says so. The learning-rate sweep (``--lrs``) adds a
-whole grid per rate; finished runs are reused when a study is rerun, so a
-larger grid can be completed later with the same command.
+(6.4M examples); the JSON says so. The learning-rate sweep (``--lrs``) trains
+the first rate on the whole grid, then each later rate only where the first did
+not solve the point (validation accuracy below the early-stopping threshold):
+a solved point cannot improve, so a second rate goes where it can change the
+answer. Finished runs are reused when a study is rerun, so a larger grid can be
+completed later with the same command.
 
     python experiments/study_mqar.py              # full size
     python experiments/study_mqar.py --lrs 1e-3,3e-3 --widths 64,128,256   # larger grid
+    python experiments/study_mqar.py --lrs 3e-3,1e-3 --mixers mamba,hawk --widths 64  # a subset
     python experiments/study_mqar.py --smoke      # tiny, for CI
 
 Writes ``<out>/mqar.json`` (every run with its curves and per-setting
@@ -98,6 +102,21 @@ def points_of(size: dict) -> list[dict]:
   return pts
 
 
+def setting_key(overrides: dict) -> tuple:
+  """A grid point without its learning rate: (mixer, short conv, T, width)."""
+  return tuple(overrides[k] for k in ("model.mixer", "model.short_conv", "data.seq_len",
+                                      "model.d_model"))
+
+
+def later_lr_points(points: list[dict], first_rows: list[dict], threshold: float) -> list[dict]:
+  """The points at learning rates after the first whose first-rate run did not reach
+  ``threshold`` validation accuracy (or has not finished)."""
+  first_lr = points[0]["optim.lr"]
+  solved = {setting_key(r["overrides"]) for r in first_rows if r["status"] == "done"
+            and r["metrics"].get("validation_accuracy", 0.0) >= threshold}
+  return [p for p in points if p["optim.lr"] != first_lr and setting_key(p) not in solved]
+
+
 def binomial_se(p: float, n: int) -> float:
   """Standard error of an accuracy ``p`` measured on ``n`` independent queries."""
   return (p * (1 - p) / n) ** 0.5 if n else float("nan")
@@ -107,9 +126,18 @@ def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "mqar")
   p.add_argument("--widths", help="comma-separated model widths (default: the size's)")
-  p.add_argument("--lrs", help="comma-separated learning rates (default: the size's)")
+  p.add_argument("--lrs", help="comma-separated learning rates, the first trained everywhere "
+                 "(default: the size's)")
+  p.add_argument("--mixers", help="comma-separated mixers (default: the size's)")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
+  if args.mixers:
+    chosen = tuple(args.mixers.split(","))
+    unknown = sorted(set(chosen) - set(size["mixers"]))
+    if unknown:
+      raise ValueError(f"--mixers must be among {', '.join(size['mixers'])}; got {unknown}.")
+    size["mixers"] = chosen
+    size["no_conv_mixers"] = tuple(m for m in size["no_conv_mixers"] if m in chosen)
   if args.widths:
     size["widths"] = tuple(int(w) for w in args.widths.split(","))
   if args.lrs:
@@ -127,8 +155,12 @@ def main() -> int:
            f"--config.train.checkpoint_every={steps}",
            "--config.train.early_stop_metric=accuracy",
            f"--config.train.early_stop_value={size['early_stop']}")
-  rows = su.train_grid("configs/mqar.py:size=small", points, su.runs_dir(args, "mqar"),
-                       args.workers, flags, collect_only=args.collect)
+  grid = lambda pts: su.train_grid("configs/mqar.py:size=small", pts, su.runs_dir(args, "mqar"),
+                                   args.workers, flags, collect_only=args.collect)
+  first_lr = size["lrs"][0]
+  rows = grid([p for p in points if p["optim.lr"] == first_lr])
+  later = later_lr_points(points, rows, size["early_stop"])
+  rows += grid(later) if later else []
 
   from linear_attention.train import trainer
   for r in rows:
