@@ -26,8 +26,10 @@ Each study's output goes to ``runs/studies/logs/<study>.log``.
     python experiments/run_studies.py --collect --only mqar    # what has finished so far
     python experiments/run_studies.py --smoke --results /tmp/la  # tiny, outside the repo
 
-The full sizes take hours on 2 CPU cores (the training studies about 90
-minutes each at most, cost about 25 minutes, approximation about 10).
+The full sizes take hours on 2 CPU cores: MQAR's 48-point grid at its first
+learning rate alone took about 12 process-hours here (one XLA thread per run,
+runs sharing the cores with other work); the other training studies about 90
+minutes each at most, cost about 25 minutes, approximation about 10.
 """
 
 from __future__ import annotations
