@@ -69,6 +69,12 @@ def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
       w.writerow({c: r.get(c, "") for c in columns})
 
 
+def binomial_se(p: float, n: int) -> float:
+  """Standard error ``sqrt(p (1 - p) / n)`` of an accuracy ``p`` on ``n`` independent items;
+  NaN for ``n = 0``."""
+  return math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
 def loglog_slope(xs, ys) -> float | None:
   """Least-squares slope of ``log y`` against ``log x``; None with under 2 distinct x.
 

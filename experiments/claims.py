@@ -133,6 +133,9 @@ import textwrap
 from linear_attention.io import write_json
 from linear_attention.nn import registry
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _study_utils import binomial_se  # noqa: E402
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
 
@@ -172,11 +175,6 @@ def _row(study, claim, source, published, ours, verdict, reason) -> dict:
 def _need(cond: bool, what: str) -> None:
   if not cond:
     raise SchemaError(what)
-
-
-def binomial_se(p: float, n: int) -> float:
-  """Standard error of an accuracy ``p`` measured on ``n`` independent items."""
-  return math.sqrt(p * (1 - p) / n) if n else float("nan")
 
 
 def diff_se(se_a: float, se_b: float) -> float:

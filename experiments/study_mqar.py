@@ -117,11 +117,6 @@ def later_lr_points(points: list[dict], first_rows: list[dict], threshold: float
   return [p for p in points if p["optim.lr"] != first_lr and setting_key(p) not in solved]
 
 
-def binomial_se(p: float, n: int) -> float:
-  """Standard error of an accuracy ``p`` measured on ``n`` independent queries."""
-  return (p * (1 - p) / n) ** 0.5 if n else float("nan")
-
-
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "mqar")
@@ -174,7 +169,7 @@ def main() -> int:
                                       num_batches=num_batches, split="test")
     queries = num_batches * per_batch
     r.update(test_accuracy=res["accuracy"], test_queries=queries,
-             test_se=binomial_se(res["accuracy"], queries), test_loss=res["loss"],
+             test_se=su.binomial_se(res["accuracy"], queries), test_loss=res["loss"],
              state_floats=state_floats(r["workdir"], t),
              steps_run=r["metrics"]["step"], stopped_early=r["metrics"].get("stopped_early"))
 

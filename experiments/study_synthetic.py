@@ -91,11 +91,6 @@ def _flags(size: dict, task: dict) -> tuple[str, ...]:
           f"--config.model.short_conv={size['short_conv']}")
 
 
-def binomial_se(p: float, n: int) -> float:
-  """Standard error of an accuracy ``p`` measured on ``n`` independent items."""
-  return (p * (1 - p) / n) ** 0.5 if n else float("nan")
-
-
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "synthetic")
@@ -147,7 +142,7 @@ def main() -> int:
         su.write_json(cache_path, cache)
       acc = cache[key]
       r["extrapolation"].append({"seq_len": t, "accuracy": acc, "examples": b * batches,
-                                 "se": binomial_se(acc, b * batches)})
+                                 "se": su.binomial_se(acc, b * batches)})
       print(f"induction heads {r['overrides']['model.mixer']:>15} T={t:>6}: "
             f"accuracy {acc:.3f} on {b * batches}", flush=True)
 
@@ -172,7 +167,7 @@ def main() -> int:
     i = next((r for r in ind_rows if r["overrides"]["model.mixer"] == m), None)
     if c is not None and "test_accuracy" in c:
       row.update(copying_accuracy=c["test_accuracy"], num_params=c["metrics"]["num_params"],
-                 copying_se=binomial_se(c["test_accuracy"], c["test_tokens"]))
+                 copying_se=su.binomial_se(c["test_accuracy"], c["test_tokens"]))
     if i is not None and i["status"] == "done":
       row["induction_dense_val"] = i["metrics"]["validation_accuracy"]
       for e in i.get("extrapolation", []):
