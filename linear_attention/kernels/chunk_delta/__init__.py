@@ -1,0 +1,291 @@
+"""Pallas kernels: the chunked delta rule, DeltaNet and Gated DeltaNet (GPU and TPU).
+
+The kernel twin of :func:`linear_attention.ops.delta.delta_rule`
+(``form="chunk"``)::
+
+    S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T     o_t = scale * S_t^T q_t
+
+with ``a_t = exp(log_decay_t)`` a scalar gate per head and step (or 1).
+
+Split of the work (the chunk algebra is in :mod:`linear_attention.ops.delta`'s
+docstring). Everything that does not depend on the state entering a chunk
+stays in XLA, for all chunks at once (:func:`_prepare`): the ``C x C`` masked
+and decayed scores ``Am``, the UT transform ``(I + L)^{-1}``,
+``U = (I + L)^{-1} diag(beta) V`` and ``W = (I + L)^{-1} diag(beta e^G) K``,
+the decayed queries ``Qg = Q e^G`` and keys ``Ke = K e^{G_C - G}``, and the
+chunk decay ``a = e^{G_C}``; segment masks fold into these. The kernels do
+the sequential part, the part ``lax.scan`` does badly on a GPU: one program
+per ``(batch, head, value block)`` walks the chunks with the float32 state
+``[K, block_v]`` on chip::
+
+    D = U - W S          O = Qg S + Am D          S <- a S + Ke^T D
+
+* ``fwd``: writes ``O`` and the final state (no per-chunk state goes to HBM).
+* ``states`` (backward only): the same sweep writing the state entering each
+  chunk (a transient ``[chunks, K, V]`` float32 buffer) and ``D``.
+* ``bwd``: the reverse sweep carrying ``dS`` on chip: per chunk
+  ``dD = Am^T dO + Ke dS'`` and ``dS = a dS' + Qg^T dO - W^T dD``; writes
+  ``dD``, the ``dS'`` leaving each chunk and ``dS_0``.
+
+The kernels' ``custom_vjp`` then forms the remaining gradients with batched
+XLA matmuls over all chunks (``dU = dD``, ``dW = -dD S^T``, ``dQg = dO S^T``,
+``dAm = dO D^T``, ``dKe = D dS'^T``, ``da = <S, dS'>``), and automatic
+differentiation of :func:`_prepare` carries them to ``q, k, v, beta``,
+``log_decay`` (and through the UT transform's own VJP).
+
+Layout of this package, as ``chunk_decay/``: ``__init__`` (this file: the API,
+the XLA side and the ``custom_vjp``), ``blocks.py`` (tiling, static config,
+the per-chunk block logic ``fwd_block``/``bwd_block``) and two entry points:
+
+* ``triton.py``, GPU (Triton): grid ``(B, H, V / block_v)``, whole-sequence
+  refs, ``fori_loop`` over chunks, the state in registers. ``K``, ``V`` are
+  zero-padded to powers of two >= 16; ``chunk_size`` a power of two >= 16.
+* ``mosaic_tpu.py``, TPU (Mosaic): grid ``(B, H, V / block_v, chunks)``, the
+  chunk axis "arbitrary", the state in a VMEM scratch; ``chunk_size`` a
+  multiple of 16, ``block_v`` a multiple of 128 or all of ``V``.
+
+Numerics: the kernels' dot operands are in the input dtype (bfloat16 runs on
+the tensor cores: ``Qg, W, Ke, Am, U`` are rounded to it once, the float32
+state and ``D`` where they meet a dot) with float32 accumulation and a float32
+state; float32 inputs use full float32 dots. Decay factors are ``exp`` of
+non-positive numbers, as in the XLA op.
+
+``segment_ids`` (packed sequences) are supported: their masks live entirely
+in the XLA part (as in ``ops.delta``), the kernels never see them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from linear_attention.kernels import dispatch
+from linear_attention.kernels.chunk_delta import blocks, mosaic_tpu, triton
+from linear_attention.kernels.chunk_delta.blocks import ChunkDeltaBlockSizes, KernelConfig
+from linear_attention.ops import common
+from linear_attention.ops import delta as delta_ops
+
+Array = jax.Array
+
+
+def _call(kind, cfg: KernelConfig, inputs, outputs, **kw):
+  entry = triton if cfg.platform == "gpu" else mosaic_tpu
+  return entry.call(kind, cfg, inputs, outputs, **kw)
+
+
+def _forward_call(cfg, qg, am, u, w, ke, decay, s0):
+  b, h, tp, kp = qg.shape
+  vp = u.shape[-1]
+  out = _call("fwd", cfg, [
+      ("qg", qg, "rows_k"), ("am", am, "rows_c"), ("u", u, "rows_v"), ("w", w, "rows_k"),
+      ("ke", ke, "rows_k"), ("decay", decay, "decay"), ("s0", s0, "state")], [
+      ("o", jax.ShapeDtypeStruct((b, h, tp, vp), qg.dtype), "rows_v"),
+      ("st", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")],
+      n_chunks=tp // cfg.chunk, kp=kp, vp=vp)
+  return out["o"], out["st"]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _core(cfg, qg, am, u, w, ke, decay, s0):
+  """``(o, final_state)`` from the prepared, padded ``[B, H, Tp, *]`` chunk inputs
+  (``decay [B, H, N, 1]`` float32, ``s0 [B, H, Kp, Vp]`` float32)."""
+  return _forward_call(cfg, qg, am, u, w, ke, decay, s0)
+
+
+def _core_fwd(cfg, qg, am, u, w, ke, decay, s0):
+  return _forward_call(cfg, qg, am, u, w, ke, decay, s0), (qg, am, u, w, ke, decay, s0)
+
+
+def _core_bwd(cfg, res, cts):
+  qg, am, u, w, ke, decay, s0 = res
+  do, dst = cts
+  b, h, tp, kp = qg.shape
+  vp = u.shape[-1]
+  c = cfg.chunk
+  n = tp // c
+  kw = dict(n_chunks=n, kp=kp, vp=vp)
+  f32 = jnp.float32
+  fwd = _call("states", cfg, [
+      ("u", u, "rows_v"), ("w", w, "rows_k"), ("ke", ke, "rows_k"), ("decay", decay, "decay"),
+      ("s0", s0, "state")], [
+      ("states", jax.ShapeDtypeStruct((b, h, n * kp, vp), f32), "states"),
+      ("d", jax.ShapeDtypeStruct((b, h, tp, vp), f32), "rows_v")], **kw)
+  bwd = _call("bwd", cfg, [
+      ("qg", qg, "rows_k"), ("am", am, "rows_c"), ("w", w, "rows_k"), ("ke", ke, "rows_k"),
+      ("decay", decay, "decay"), ("do", do, "rows_v"), ("dst", dst, "state")], [
+      ("dd", jax.ShapeDtypeStruct((b, h, tp, vp), f32), "rows_v"),
+      ("dsl", jax.ShapeDtypeStruct((b, h, n * kp, vp), f32), "states"),
+      ("ds0", jax.ShapeDtypeStruct((b, h, kp, vp), f32), "state")], **kw)
+  # The rest is parallel over chunks: batched matmuls in XLA.
+  chunks = lambda x: x.reshape(b, h, n, -1, x.shape[-1]).astype(f32)
+  s, dsl = chunks(fwd["states"]), chunks(bwd["dsl"])  # [B, H, N, Kp, Vp]
+  d, dd, dof = chunks(fwd["d"]), chunks(bwd["dd"]), chunks(do)  # [B, H, N, C, Vp]
+  precision = jax.lax.Precision.HIGHEST if cfg.exact_dots else None
+  mm = functools.partial(jnp.einsum, precision=precision)
+  rows = lambda x, like: x.reshape(like.shape).astype(like.dtype)
+  dqg = mm("bhncv,bhnkv->bhnck", dof, s)
+  dam = mm("bhniv,bhnjv->bhnij", dof, d)
+  dw = -mm("bhncv,bhnkv->bhnck", dd, s)
+  dke = mm("bhncv,bhnkv->bhnck", d, dsl)
+  ddecay = jnp.sum(s * dsl, axis=(-2, -1))[..., None]
+  return (rows(dqg, qg), rows(dam, am), rows(dd, u), rows(dw, w), rows(dke, ke),
+          ddecay.astype(decay.dtype), bwd["ds0"].astype(s0.dtype))
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+def _prepare(q, k, v, beta, log_decay, seg, scale, c):
+  """The state-independent chunk quantities, for all chunks at once (XLA).
+
+  Inputs in the ops' layout (``[B, T, H, *]``; ``seg`` from
+  ``common.segment_index`` or None). Returns float32
+  ``(qg, am, u, w, ke)``, each ``[B, H, N, C, *]`` (``am``: ``[..., C, C]``),
+  and ``decay [B, H, N]``: the same quantities as ``ops.delta._chunk`` builds
+  before its scan (``qg`` and ``ke`` with the segment masks folded in).
+  """
+  acc = jnp.float32
+  qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
+  qh = qh * jnp.asarray(scale, acc)
+  bh = jnp.swapaxes(beta, 1, 2).astype(acc)
+  b, h = qh.shape[:2]
+  # Padding with beta = 0 and k = 0 (and log_decay = 0) leaves the state as is.
+  pad = lambda x: common.pad_axis(x, c, axis=2)
+  qh, kh, vh, bh = pad(qh), pad(kh), pad(vh), pad(bh)
+  n = qh.shape[2] // c
+  split = lambda x: x.reshape(x.shape[:2] + (n, c) + x.shape[3:])
+  qc, kc, vc, bc = split(qh), split(kh), split(vh), split(bh)  # [B, H, N, C, *]
+
+  if seg is not None:
+    segp = common.pad_segment_ids(seg, c).reshape(b, 1, n, c)
+    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
+    sees_state = (segp == prev_end[..., None])[..., None].astype(acc)  # [B,1,N,C,1]
+    to_end = (segp == segp[..., -1:])[..., None].astype(acc)
+    carries = (segp[..., -1] == prev_end).astype(acc)  # [B,1,N]
+  else:
+    segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
+  incl, strict = delta_ops._pair_masks(segp, segp, c)  # pylint: disable=protected-access
+
+  if log_decay is None:
+    gc = None
+    gamma, gamma_to_end, decay = 1.0, 1.0, jnp.ones((b, h, n), acc)
+  else:
+    # -inf (a hard reset) would give inf - inf in the cumulative sums: floored.
+    g = common.floor_log_decay(jnp.swapaxes(log_decay, 1, 2).astype(acc))
+    gc = jnp.cumsum(split(pad(g)), axis=3)  # in-chunk cumulative, [B, H, N, C]
+    gamma = jnp.exp(gc)[..., None]
+    gamma_to_end = jnp.exp(gc[..., -1:] - gc)[..., None]
+    decay = jnp.exp(gc[..., -1])
+  pair = delta_ops._pair_decay(gc, incl)  # pylint: disable=protected-access
+
+  kk = jnp.einsum("bhnik,bhnjk->bhnij", kc, kc)
+  qk = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc)
+  if pair is not None:
+    kk, qk = kk * pair, qk * pair
+  l = jnp.where(strict, bc[..., :, None] * kk, 0.0)
+  am = jnp.where(incl, qk, 0.0)
+  inv = delta_ops._unit_lower_inverse(l)  # pylint: disable=protected-access
+  beta_col = bc[..., None]
+  u = jnp.einsum("bhnij,bhnjv->bhniv", inv, beta_col * vc)
+  w = jnp.einsum("bhnij,bhnjk->bhnik", inv, beta_col * gamma * sees_state * kc)
+  qg = qc * gamma * sees_state
+  ke = kc * gamma_to_end * to_end
+  return qg, am, u, w, ke, decay * carries
+
+
+# ------------------------------------------------------------------- public API
+
+
+def unsupported_arguments(q, beta=None, log_decay=None, segment_ids=None) -> dict[str, str]:
+  """``{argument: why}`` for the arguments this kernel cannot take (empty: all fine).
+
+  Only dtypes: packed ``segment_ids`` are supported.
+  """
+  del segment_ids
+  return dispatch.unsupported_dtypes(q=q, beta=beta, log_decay=log_decay)
+
+
+def chunk_delta_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    log_decay: Array | None = None,
+    *,
+    scale: float | None = None,
+    chunk_size: int = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    segment_ids: Array | None = None,
+    block_sizes: ChunkDeltaBlockSizes | None = None,
+    platform: str | None = None,
+    interpret=None,
+):
+  """The (gated) delta rule through the Pallas chunk kernels.
+
+  ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`` with
+  ``a_t = exp(log_decay_t)`` (1 without a gate), ``o_t = scale * S_t^T q_t``;
+  the same function as ``ops.delta_rule(form="chunk")``. Differentiable in
+  ``q, k, v, beta, log_decay, initial_state``.
+
+  Args:
+    q, k: ``[B, T, H, K]`` (keys expected L2-normalised by the caller);
+      v: ``[B, T, H, V]`` (float32, bfloat16 or float16, one dtype).
+    beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
+    log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0`` (Gated DeltaNet).
+    scale: output scale; ``None`` means ``K ** -0.5``.
+    chunk_size: tokens per chunk: a power of two >= 16 on GPU, a multiple of
+      16 on TPU. Any ``T`` works (padded inside).
+    initial_state: optional ``[B, H, K, V]`` (float32 inside).
+    return_state: also return the final float32 state ``[B, H, K, V]``.
+    segment_ids: optional ``[B, T]`` ints packing several sequences per row
+      (as in ``ops.delta_rule``).
+    block_sizes: :class:`ChunkDeltaBlockSizes`; ``None``: the platform default.
+    platform: ``"gpu"`` (Triton) or ``"tpu"`` (Mosaic); ``None``: the platform
+      of the device the call compiles for, GPU on CPU.
+    interpret: as in :func:`~linear_attention.kernels.chunk_decay_attention`.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+  """
+  _, _, _, dk, _ = delta_ops._check_inputs(  # pylint: disable=protected-access
+      q, k, v, beta, log_decay, "chunk", chunk_size, initial_state, segment_ids)
+  platform, block_sizes, interpret = dispatch.resolve_launch(
+      "chunk_delta_attention", unsupported_arguments(q, beta, log_decay), platform, block_sizes,
+      ChunkDeltaBlockSizes, interpret)
+  blocks.check_chunk(chunk_size, platform)
+  o, state = _chunk_delta(q, k, v, beta, log_decay, initial_state, segment_ids,
+                          scale=common.resolve_scale(scale, dk), chunk=chunk_size,
+                          block_sizes=block_sizes, platform=platform, interpret=interpret)
+  return (o, state) if return_state else o
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "chunk", "block_sizes", "platform",
+                                             "interpret"))
+def _chunk_delta(q, k, v, beta, log_decay, initial_state, segment_ids, *, scale, chunk,
+                 block_sizes, platform, interpret):
+  """The XLA preparation, layout and padding around :func:`_core`."""
+  b, t, h, dk = q.shape
+  dv = v.shape[-1]
+  kp, vp = blocks.pad_dim(dk, platform), blocks.pad_dim(dv, platform)
+  bv = blocks.value_block(vp, block_sizes.block_v, platform)
+  vp = dispatch.round_up(vp, bv)
+  cfg = KernelConfig(chunk=chunk, block_v=bv, platform=platform, interpret=interpret,
+                     exact_dots=jnp.dtype(q.dtype) == jnp.float32,
+                     num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages)
+  seg = None if segment_ids is None else common.segment_index(segment_ids)
+  qg, am, u, w, ke, decay = _prepare(q, k, v, beta, log_decay, seg, scale, chunk)
+  tp = decay.shape[-1] * chunk
+
+  def rows(x, width):  # [B, H, N, C, D] -> [B, H, Tp, width] in the input dtype, zero padded
+    x = x.reshape(b, h, tp, x.shape[-1])
+    return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - x.shape[-1]))).astype(q.dtype)
+
+  s0 = jnp.zeros((b, h, kp, vp), jnp.float32)
+  if initial_state is not None:
+    s0 = s0.at[:, :, :dk, :dv].set(initial_state.astype(jnp.float32))
+  o, state = _core(cfg, rows(qg, kp), rows(am, chunk), rows(u, vp), rows(w, kp), rows(ke, kp),
+                   decay[..., None], s0)
+  return jnp.swapaxes(o[:, :, :t, :dv], 1, 2), state[:, :, :dk, :dv]

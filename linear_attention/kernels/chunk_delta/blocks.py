@@ -1,0 +1,127 @@
+"""Chunk-delta kernel: tiling, static configuration and the per-chunk block logic.
+
+Shared by the Triton (:mod:`.triton`) and Mosaic (:mod:`.mosaic_tpu`) entry
+points: :func:`fwd_block` and :func:`bwd_block` compute one chunk from refs
+addressed at a row offset, so the GPU kernels call them inside a ``fori_loop``
+over whole-sequence refs and the TPU kernels once per grid step on one
+chunk's blocks.
+
+Per chunk ``n`` (rows ``[n C, (n + 1) C)``) the refs hold what XLA prepared
+for all chunks at once (see the package docstring): ``qg [C, K]`` (queries
+times their decay from the chunk start), ``w [C, K]``, ``u [C, bv]``, ``ke
+[C, K]`` (keys times their decay to the chunk end), ``am [C, C]`` (the masked,
+decayed in-chunk scores) and the chunk's total decay ``a [1, 1]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+# One tiling and dot policy for both chunk kernels: ``_dot`` rounds operands to the
+# inputs' dtype (bf16 on the tensor cores), full float32 when ``cfg.exact_dots``.
+from linear_attention.kernels.chunk_decay.blocks import _dot, pad_dim, value_block  # noqa: F401
+from linear_attention.ops import common
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkDeltaBlockSizes:
+  """Tiling of the chunk-delta kernels (the chunk length is ``chunk_size``).
+
+  Attributes:
+    block_v: value columns per program (the state on chip is ``[K, block_v]``).
+    num_warps, num_stages: GPU only, passed to the Triton compiler params
+      (``None``: Triton's defaults).
+  """
+  block_v: int = 64
+  num_warps: int | None = None
+  num_stages: int | None = None
+
+  def __post_init__(self):
+    common.check_positive_int("block_sizes.block_v", self.block_v)
+    for name in ("num_warps", "num_stages"):
+      if getattr(self, name) is not None:
+        common.check_positive_int(f"block_sizes.{name}", getattr(self, name))
+
+  @classmethod
+  def default(cls, platform: str) -> "ChunkDeltaBlockSizes":
+    """The default tiling for ``platform``.
+
+    GPU: value blocks of 32 with 4 warps and 2 stages, from deviceless
+    compiles for H200 and A100 at K = V = 128, chunk 64 (bf16 and float32;
+    ``python -m linear_attention.kernels.aot --cases chunk_delta/...``): no
+    register spills, see the package docstring for the numbers.
+    TPU: value blocks of 128 (one lane tile).
+    """
+    if platform == "gpu":
+      return cls(block_v=32, num_warps=4, num_stages=2)
+    return cls(block_v=128)
+
+  def check(self, platform: str, interpret=False) -> None:
+    """Nothing platform-specific to check (``block_v`` is clipped and rounded)."""
+    del platform, interpret
+
+
+def check_chunk(chunk: int, platform: str) -> None:
+  """Raises unless ``chunk`` suits ``platform``: a power of two >= 16 on GPU
+  (Triton dot tiles), a multiple of 16 on TPU (the packed 16-bit sublane tile)."""
+  common.check_positive_int("chunk_size", chunk)
+  if platform == "gpu" and (chunk < 16 or chunk & (chunk - 1)):
+    raise ValueError(f"chunk_size must be a power of two >= 16 for the GPU kernel "
+                     f"(Triton dot tiles), got {chunk}.")
+  if platform == "tpu" and chunk % 16:
+    raise ValueError(f"chunk_size must be a multiple of 16 for the TPU kernel, got {chunk}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """Static configuration of one kernel call (hashable: a jit/custom_vjp constant)."""
+  chunk: int
+  block_v: int
+  platform: str
+  interpret: object  # False | True | pltpu.InterpretParams
+  exact_dots: bool   # float32 inputs: full-precision dots
+  num_warps: int | None = None
+  num_stages: int | None = None
+
+
+def _rows(ref, start, size):
+  """Rows ``[start, start + size)`` of a 2-D ref (in its own dtype)."""
+  return ref[pl.ds(start, size), :]
+
+
+def fwd_block(r, base, a, state, cfg: KernelConfig):
+  """One chunk of the state pass; returns the state leaving the chunk.
+
+  ``D = U - W S`` (the pseudo-values), then ``S' = a S + Ke^T D``. Stores
+  ``o = Qg S + Am D`` when ``r`` has ``"o"``, and ``D`` when it has ``"d"``.
+  ``state [K, bv]`` float32 is the state entering the chunk, ``a [1, 1]``.
+  """
+  c, dt = cfg.chunk, r["w"].dtype
+  d = _rows(r["u"], base, c).astype(jnp.float32) - _dot(_rows(r["w"], base, c), state, "nn",
+                                                         cfg, dt)
+  if "o" in r:
+    o = (_dot(_rows(r["qg"], base, c), state, "nn", cfg, dt)
+         + _dot(_rows(r["am"], base, c), d, "nn", cfg, dt))
+    r["o"][pl.ds(base, c), :] = o.astype(r["o"].dtype)
+  if "d" in r:
+    r["d"][pl.ds(base, c), :] = d.astype(r["d"].dtype)
+  return a * state + _dot(_rows(r["ke"], base, c), d, "tn", cfg, dt)
+
+
+def bwd_block(r, base, a, dstate, cfg: KernelConfig):
+  """One chunk of the reverse pass; returns ``dS`` for the state entering the chunk.
+
+  ``dstate [K, bv]``: the gradient of the state leaving the chunk. Stores the
+  gradient of the pseudo-values ``dD = Am^T dO + Ke dS'`` (rows of ``"dd"``);
+  the state entering is ``a dS' + Qg^T dO - W^T dD``.
+  """
+  c, dt = cfg.chunk, r["w"].dtype
+  do = _rows(r["do"], base, c)
+  dd = (_dot(_rows(r["am"], base, c), do, "tn", cfg, dt)
+        + _dot(_rows(r["ke"], base, c), dstate, "nn", cfg, dt))
+  r["dd"][pl.ds(base, c), :] = dd.astype(r["dd"].dtype)
+  return (a * dstate + _dot(_rows(r["qg"], base, c), do, "tn", cfg, dt)
+          - _dot(_rows(r["w"], base, c), dd, "tn", cfg, dt))

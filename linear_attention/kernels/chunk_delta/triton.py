@@ -1,0 +1,87 @@
+"""Chunk-delta kernels, GPU entry point: ``pallas_call`` lowered through Triton.
+
+Grid ``(B, H, V / block_v)``: each program sees whole sequences of its
+``(batch, head)`` as refs and walks the chunks with ``fori_loop``, the float32
+state ``[K, block_v]`` (or its gradient) in registers. ``K`` and ``V`` arrive
+zero-padded to powers of two >= 16 (Triton's power-of-two blocks and dots of
+at least 16 rows). The chunk decays are a ``[N, 1]`` column per head.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from linear_attention.kernels import dispatch
+from linear_attention.kernels.chunk_delta import blocks
+
+
+def _gpu_fwd_kernel(*refs, names, cfg, n_chunks, kp):
+  """``o`` and the final state (``kind="fwd"``), or the entering states and ``D``
+  (``kind="states"``, for the backward)."""
+  r = dict(zip(names, refs))
+
+  def body(j, state):
+    if "states" in r:
+      r["states"][pl.ds(j * kp, kp), :] = state
+    a = r["decay"][pl.ds(j, 1), :]
+    return blocks.fwd_block(r, pl.multiple_of(j * cfg.chunk, cfg.chunk), a, state, cfg)
+
+  state = lax.fori_loop(0, n_chunks, body, r["s0"][...].astype(jnp.float32))
+  if "st" in r:
+    r["st"][...] = state
+
+
+def _gpu_bwd_kernel(*refs, names, cfg, n_chunks, kp):
+  """The reverse sweep: ``dD`` per chunk, ``dS`` leaving each chunk, ``dS_0``."""
+  r = dict(zip(names, refs))
+
+  def body(i, dstate):
+    j = n_chunks - 1 - i
+    r["dsl"][pl.ds(j * kp, kp), :] = dstate
+    a = r["decay"][pl.ds(j, 1), :]
+    return blocks.bwd_block(r, pl.multiple_of(j * cfg.chunk, cfg.chunk), a, dstate, cfg)
+
+  r["ds0"][...] = lax.fori_loop(0, n_chunks, body, r["dst"][...].astype(jnp.float32))
+
+
+def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
+  """BlockSpec per array kind on the grid ``(b, h, jv)``: row arrays are whole sequences."""
+  bv = cfg.block_v
+  return {
+      "rows_k": pl.BlockSpec((None, None, tp, kp), lambda b, h, jv: (b, h, 0, 0)),
+      "rows_c": pl.BlockSpec((None, None, tp, cfg.chunk), lambda b, h, jv: (b, h, 0, 0)),
+      "rows_v": pl.BlockSpec((None, None, tp, bv), lambda b, h, jv: (b, h, 0, jv)),
+      "decay": pl.BlockSpec((None, None, n_chunks, 1), lambda b, h, jv: (b, h, 0, 0)),
+      "state": pl.BlockSpec((None, None, kp, bv), lambda b, h, jv: (b, h, 0, jv)),
+      "states": pl.BlockSpec((None, None, n_chunks * kp, bv), lambda b, h, jv: (b, h, 0, jv)),
+  }
+
+
+_KERNELS = {"fwd": _gpu_fwd_kernel, "states": _gpu_fwd_kernel, "bwd": _gpu_bwd_kernel}
+
+
+def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int, kp: int,
+         vp: int):
+  """Runs the ``kind`` kernel (``"fwd"``, ``"states"`` or ``"bwd"``).
+
+  ``inputs``: ``[(name, array [B, H, ...], spec kind)]``; ``outputs``:
+  ``[(name, ShapeDtypeStruct, spec kind)]``. Returns ``{name: array}``.
+  """
+  b, h, tp = inputs[0][1].shape[:3]
+  specs = _specs(cfg, n_chunks, tp, kp)
+  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs)
+  out = pl.pallas_call(
+      functools.partial(_KERNELS[kind], names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
+      grid=(b, h, vp // cfg.block_v),
+      in_specs=[specs[s] for _, _, s in inputs],
+      out_specs=[specs[s] for _, _, s in outputs],
+      out_shape=[o for _, o, _ in outputs],
+      interpret=cfg.interpret,
+      name=f"chunk_delta_{kind}",
+      compiler_params=dispatch.triton_compiler_params(cfg.num_warps, cfg.num_stages),
+  )(*(x for _, x, _ in inputs))
+  return dict(zip((n for n, _, _ in outputs), out))
