@@ -150,6 +150,40 @@ def concrete(x) -> np.ndarray | None:
   return np.asarray(x, np.float64)
 
 
+def check_range(name: str, x: Array | None, *, low: float | None = None,
+                high: float | None = None, strict: bool = False, what: str = "") -> None:
+  """Refuses a concrete ``x`` with a NaN or an entry outside ``[low, high]``.
+
+  ``strict`` makes the bounds open (``A < 0`` rather than ``<= 0``). NaN is
+  always refused: a comparison such as ``max >= 0`` is False for NaN, so a
+  gate check written that way lets it through and ``exp(NaN * ...)`` spreads.
+  The message names ``name`` (the argument the caller passed), the rule, and
+  either the first NaN's index or the worst entry. Traced values (under
+  ``jit``, ``grad``, ``vmap``) are not checked.
+  """
+  values = concrete(x)
+  if values is None or not values.size:
+    return
+  rule = " and ".join(
+      f"{op}{'' if strict else '='} {bound:g}"
+      for op, bound in ((">", low), ("<", high)) if bound is not None) or "free of NaN"
+  rule += f" ({what})" if what else ""
+  nan = np.isnan(values)
+  if nan.any():
+    where = tuple(int(i) for i in np.argwhere(nan)[0])
+    raise ValueError(f"{name} must be {rule}, got NaN at index {where} ({int(nan.sum())} of "
+                     f"{values.size} entries).")
+  for bound, side, worst in ((low, "minimum", values.min()), (high, "maximum", values.max())):
+    if bound is None:
+      continue
+    bad = (worst <= bound if side == "minimum" else worst >= bound) if strict else (
+        worst < bound if side == "minimum" else worst > bound)
+    if bad:
+      where = tuple(int(i) for i in np.unravel_index(
+          np.argmin(values) if side == "minimum" else np.argmax(values), values.shape))
+      raise ValueError(f"{name} must be {rule}, got a {side} of {worst} at index {where}.")
+
+
 def check_log_decay(log_decay: Array | None, *dims: int, name: str = "log_decay",
                     per_head: bool = True, per_channel: bool = True) -> None:
   """Checks a log-space decay (gate) for the sequence ops and their steps.
@@ -174,11 +208,7 @@ def check_log_decay(log_decay: Array | None, *dims: int, name: str = "log_decay"
         f"{list(s)} ([{', '.join(letters + ('K' if len(s) == len(dims) else ''))}])"
         for s in shapes)
     raise ValueError(f"{name} must have shape {want}, got {list(jnp.shape(log_decay))}.")
-  values = concrete(log_decay)
-  # Written so that NaN fails too.
-  if values is not None and values.size and not np.all(values <= 0):
-    raise ValueError(
-        f"{name} must be <= 0 (a decay in log space), got a maximum of {np.nanmax(values)}.")
+  check_range(name, log_decay, high=0.0, what="a decay in log space")
 
 
 def log_decay_checks(log_decay: Array, name: str = "log_decay") -> None:
@@ -189,7 +219,9 @@ def log_decay_checks(log_decay: Array, name: str = "log_decay") -> None:
   the returned error raises with ``err.throw()``.
   """
   from jax.experimental import checkify  # only needed by callers who check traced values
-  checkify.check(jnp.all(log_decay <= 0), f"{name} must be <= 0 (a decay in log space).")
+  # ``<= 0`` is False for NaN: a NaN gate fails the check too.
+  checkify.check(jnp.all(log_decay <= 0),
+                 f"{name} must be <= 0 (a decay in log space) and not NaN.")
 
 
 def log_zero(dtype) -> float:

@@ -103,8 +103,8 @@ def _retention_log_gamma(gamma: Array | None, heads: int) -> Array:
     return jnp.asarray(np.log1p(-(2.0 ** (-5.0 - np.arange(heads)))), jnp.float32)
   _check_param("gamma", gamma, (heads,), "[H], one decay per head")
   c = common.concrete(gamma)
-  if c is not None and not (np.all(c > 0) and np.all(c < 1)):
-    raise ValueError(f"gamma must lie in (0, 1), got values from {c.min()} to {c.max()}.")
+  if c is not None and not (np.all(c > 0) and np.all(c < 1)):  # NaN fails too
+    raise ValueError(f"gamma must lie in (0, 1), got values from {np.min(c)} to {np.max(c)}.")
   return jnp.log(gamma.astype(common.acc_dtype(gamma.dtype)))
 
 
@@ -331,11 +331,9 @@ def _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus):
   dt = dt.astype(acc) if dt_bias is None else dt.astype(acc) + dt_bias.astype(acc)
   if dt_softplus:
     dt = jax.nn.softplus(dt)
-  a, d = common.concrete(A), common.concrete(dt)
-  if a is not None and a.max() >= 0:
-    raise ValueError(f"A must be negative, got a maximum of {a.max()}.")
-  if d is not None and d.size and d.min() < 0:
-    raise ValueError(f"dt must be >= 0 (after dt_bias and softplus), got a minimum of {d.min()}.")
+  # NaN is refused here, under the caller's names: as a log decay it would pass for -inf.
+  common.check_range("A", A, high=0.0, strict=True, what="Mamba-2's -exp(A_log)")
+  common.check_range("dt", dt, low=0.0, what="after dt_bias and softplus")
 
   # Head h reads group h // (H / G), Mamba-2's order.
   per_head = lambda m: jnp.repeat(m.astype(acc), h // groups, axis=-2)

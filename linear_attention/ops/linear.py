@@ -61,10 +61,29 @@ def _features(q, k, feature_map, *, scale, key, num_features, projection, normal
   root = common.resolve_scale(scale, dk) ** 0.5
   phi_q = fm.apply_feature_map(feature_map, q * root, projection=projection,
                                is_query=True, stabilize=normalize)
+  _check_overflow("q", q, phi_q, feature_map)
   if key_shift is None or feature_map == "performer_trig":
-    return phi_q, fm.apply_feature_map(feature_map, k * root, projection=projection), 1.0, None
-  phi_k, log_decay = _shift_keys(fm.positive_log_features(k * root, projection), *key_shift)
+    phi_k = fm.apply_feature_map(feature_map, k * root, projection=projection)
+    _check_overflow("k", k, phi_k, feature_map)
+    return phi_q, phi_k, 1.0, None
+  log_phi_k = fm.positive_log_features(k * root, projection)
+  _check_overflow("k", k, log_phi_k, feature_map)
+  phi_k, log_decay = _shift_keys(log_phi_k, *key_shift)
   return phi_q, phi_k, 1.0, log_decay
+
+
+def _check_overflow(name: str, x: Array, features: Array, feature_map: str) -> None:
+  """Refuses finite concrete inputs whose random features overflow (``|x|^2 / 2`` past the
+  dtype's range): left alone they surface as NaN, or as an error about the internal
+  ``log_decay`` of the key shift, an argument the caller never passed."""
+  if isinstance(x, jax.core.Tracer) or isinstance(features, jax.core.Tracer):
+    return
+  if bool(jnp.all(jnp.isfinite(x))) and not bool(jnp.all(jnp.isfinite(features))):
+    raise ValueError(
+        f"{name} is too large for feature_map={feature_map!r}: its random features overflow "
+        f"{features.dtype} (largest |{name}| entry {float(jnp.max(jnp.abs(x))):g}; the features "
+        f"carry a factor exp(scale * |{name}|^2 / 2) or its inverse); scale {name} down, e.g. "
+        "normalise it.")
 
 
 def _segment_cummax(x: Array, segment_ids: Array | None) -> Array:

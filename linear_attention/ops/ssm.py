@@ -53,10 +53,7 @@ def _concrete(x) -> bool:
 
 def _check_nonpositive(name: str, x: Array, what: str) -> None:
   """Raises when a concrete ``x`` has a positive entry."""
-  if _concrete(x):
-    worst = float(np.max(np.asarray(x, np.float64)))
-    if worst > 0:
-      raise ValueError(f"{name} must be <= 0 ({what}), got a maximum of {worst}.")
+  common.check_range(name, x, high=0.0, what=what)
 
 
 # ----------------------------------------------------------------------------- S4D
@@ -374,9 +371,9 @@ def _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus):
   _check_nonpositive("A", A, "Mamba's A is negative real")
   if not dt_softplus and _concrete(dt) and (dt_bias is None or _concrete(dt_bias)):
     delta = np.asarray(dt, np.float64) + (0 if dt_bias is None else np.asarray(dt_bias, np.float64))
-    if delta.size and delta.min() < 0:
-      raise ValueError(
-          f"dt (+ dt_bias) must be >= 0 when dt_softplus=False, got a minimum of {delta.min()}.")
+    common.check_range("dt (+ dt_bias)", delta, low=0.0, what="with dt_softplus=False")
+  elif dt_softplus:  # softplus(NaN) is NaN: it would spread through the whole scan
+    common.check_range("dt", dt, what="a step size before softplus")
   return d, n, groups
 
 
