@@ -106,11 +106,12 @@ def _core(cfg, q, k, v, gc, s0):
 
 
 def _core_fwd(cfg, q, k, v, gc, s0):
-  return _forward_call(cfg, q, k, v, gc, s0), (q, k, v, gc, s0)
+  o, st = _forward_call(cfg, q, k, v, gc, s0)
+  return (o, st), (q, k, v, gc, s0, st)
 
 
 def _core_bwd(cfg, res, cts):
-  q, k, v, gc, s0 = res
+  q, k, v, gc, s0, st = res
   do, dst = cts
   b, h, tp, kp = q.shape
   vp = v.shape[-1]
@@ -118,37 +119,52 @@ def _core_bwd(cfg, res, cts):
   nv = vp // cfg.block_v
   grow, glc = _side_inputs(gc, cfg, n_chunks)
   g_kind = "rows_k" if cfg.mode == "vector" else "rows_1"
-  common_inputs = [("q", q, "rows_k"), ("k", k, "rows_k"), ("v", v, "rows_v"),
-                   ("g", gc, g_kind), ("grow", grow, "grow"), ("glc", glc, "glc")]
+  shapes = dict(n_chunks=n_chunks, kp=kp, vp=vp)
   states = _call("states", cfg, [("k", k, "rows_k"), ("v", v, "rows_v"), ("g", gc, g_kind),
                                  ("glc", glc, "glc"), ("s0", s0, "state")],
                  [("states", jax.ShapeDtypeStruct((b, h, n_chunks * kp, vp), jnp.float32),
-                   "states")], n_chunks=n_chunks, kp=kp, vp=vp)["states"]
-  part = lambda width: jax.ShapeDtypeStruct((nv, b, h, tp, width), jnp.float32)
-  outputs = [("dq", part(kp), "part_k"), ("dk", part(kp), "part_k"),
-             ("dv", jax.ShapeDtypeStruct((b, h, tp, vp), jnp.float32), "rows_v"),
-             ("ds0", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")]
-  if cfg.mode != "none":
-    outputs.append(("dg", part(kp if cfg.mode == "vector" else 1),
-                    "part_k" if cfg.mode == "vector" else "part_1"))
-  if cfg.mode == "vector":
-    outputs.append(("dgl_all", jax.ShapeDtypeStruct((nv, b, h, n_chunks * kp, 1), jnp.float32),
-                    "dgl"))
-  out = _call("bwd", cfg, common_inputs + [
-      ("do", do, "rows_v"), ("states", states, "states"), ("dst", dst, "state")], outputs,
-      n_chunks=n_chunks, kp=kp, vp=vp, reverse=True)
-  dq = (jnp.sum(out["dq"], 0) * cfg.scale).astype(q.dtype)
-  dk = jnp.sum(out["dk"], 0).astype(k.dtype)
-  dv = out["dv"].astype(v.dtype)
-  dgc = None
-  if cfg.mode != "none":
-    dgc = jnp.sum(out["dg"], 0)
-    if cfg.mode == "vector":
-      dgl = jnp.sum(out["dgl_all"], 0).reshape(b, h, n_chunks, kp)
-      dgc = dgc.reshape(b, h, n_chunks, cfg.chunk, kp).at[:, :, :, -1, :].add(dgl)
-      dgc = dgc.reshape(b, h, tp, kp)
-    dgc = dgc.astype(gc.dtype)
-  return dq, dk, dv, dgc, out["ds0"].astype(s0.dtype)
+                   "states")], **shapes)["states"]
+  part = jax.ShapeDtypeStruct((nv, b, h, tp, kp), jnp.float32)  # summed over value blocks below
+  dq = _call("bwd_dq", cfg, [
+      ("k", k, "rows_k"), ("v", v, "rows_v"), ("do", do, "rows_v"), ("g", gc, g_kind),
+      ("grow", grow, "grow"), ("states", states, "states")], [("dq", part, "part_k")],
+      **shapes)["dq"]
+  out = _call("bwd_dkv", cfg, [
+      ("q", q, "rows_k"), ("k", k, "rows_k"), ("v", v, "rows_v"), ("do", do, "rows_v"),
+      ("g", gc, g_kind), ("grow", grow, "grow"), ("glc", glc, "glc"), ("dst", dst, "state")], [
+      ("dk", part, "part_k"), ("dv", jax.ShapeDtypeStruct((b, h, tp, vp), jnp.float32), "rows_v"),
+      ("ds0", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")],
+      reverse=True, **shapes)
+  dq = jnp.sum(dq, 0) * cfg.scale
+  dk = jnp.sum(out["dk"], 0)
+  dgc = None if cfg.mode == "none" else _log_decay_grad(cfg, q, k, dq, dk, st, dst).astype(gc.dtype)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), out["dv"].astype(v.dtype), dgc,
+          out["ds0"].astype(s0.dtype))
+
+
+def _log_decay_grad(cfg, q, k, dq, dk, st, dst):
+  """The gradient w.r.t. ``gc``, the in-chunk cumulative log decay, from ``dq`` and ``dk``.
+
+  The output sees the log decays only through their cumulative sum ``G`` over
+  the whole sequence, in the factors ``exp(G_i - G_j)`` of query ``i`` and
+  key ``j`` (``G`` of the initial state's "key" is 0) and ``exp(G_T - G_j)``
+  into the final state. So ``dL/dG_t = q_t dq_t - k_t dk_t`` plus, at the last
+  step ``T``, ``sum_v S_T dS_T``. The in-chunk cumulative ``gc`` reaches ``G``
+  through the chunk ends: each chunk's last row also gets every later step's
+  ``dL/dG``, so that the reverse in-chunk cumsum (the transpose of the cumsum
+  in :func:`_chunk_decay`) gives the whole reverse cumsum. Float32;
+  ``[B, H, Tp, K]`` for vector decays, ``[B, H, Tp, 1]`` for scalar ones.
+  """
+  b, h, tp, kp = q.shape
+  n_chunks = tp // cfg.chunk
+  d = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
+  end = jnp.sum(st * dst, axis=-1)  # [B, H, K]
+  if cfg.mode == "scalar":
+    d, end = jnp.sum(d, -1, keepdims=True), jnp.sum(end, -1, keepdims=True)
+  d = d.reshape(b, h, n_chunks, cfg.chunk, -1)
+  per_chunk = jnp.sum(d, axis=3)  # [B, H, N, W]
+  later = jnp.cumsum(per_chunk[:, :, ::-1], axis=2)[:, :, ::-1] - per_chunk + end[:, :, None]
+  return d.at[:, :, :, -1].add(later).reshape(b, h, tp, -1)
 
 
 _core.defvjp(_core_fwd, _core_bwd)

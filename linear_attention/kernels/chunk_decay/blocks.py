@@ -146,10 +146,10 @@ def _row(r, name, start, i, value, cfg: KernelConfig, scale: float = 1.0):
   return jnp.sum(jnp.where(rows == i, value, 0.0), axis=0, keepdims=True)
 
 
-def _pair_rows(r, start, qi, gi, cfg: KernelConfig):
+def _pair_rows(r, start, gi, cfg: KernelConfig):
   """The exact per-channel pairs of one sub-chunk, one query row at a time.
 
-  Yields ``(i, q_i [1, K], pair [s, K])`` for each query row ``i``, where
+  Yields ``(i, pair [s, K])`` for each query row ``i``, where
   ``pair[j] = exp(g_i - g_j)`` for keys ``j <= i`` (0 above: both in the
   sub-chunk). Row by row, the live pair tensor is ``[s, K]``, not the
   ``[s, s, K]`` of all pairs at once (which spilled registers on GPU and
@@ -158,8 +158,7 @@ def _pair_rows(r, start, qi, gi, cfg: KernelConfig):
   keys = lax.broadcasted_iota(jnp.int32, (gi.shape[0], 1), 0)
   for i in range(gi.shape[0]):
     g_i = _row(r, "g", start, i, gi, cfg)
-    q_i = _row(r, "q", start, i, qi, cfg, cfg.scale)
-    yield i, q_i, jnp.exp(jnp.where(keys <= i, g_i - gi, -jnp.inf))
+    yield i, jnp.exp(jnp.where(keys <= i, g_i - gi, -jnp.inf))
 
 
 def _scalar_masks(gcol, grow, glast, chunk, mode):
@@ -214,7 +213,8 @@ def fwd_block(r, base, grow, glcol, state, cfg: KernelConfig):
       scores = _dot(qi * jnp.exp(gi - gn), k * jnp.exp(jnp.minimum(gn - g, 0.0)), "nt", cfg, dt)
       o += _dot(jnp.where(earlier < lo, scores, 0.0), v, "nn", cfg, dt)
     # Pairs inside the sub-chunk, exact per channel: o_i += sum_j diag_ij v_j.
-    for row, q_row, pair in _pair_rows(r, base + lo, qi, gi, cfg):
+    for row, pair in _pair_rows(r, base + lo, gi, cfg):
+      q_row = _row(r, "q", base + lo, row, qi, cfg, cfg.scale)
       diag = jnp.sum(q_row * ki * pair, axis=1, keepdims=True)  # [s, 1]: keys j of query row
       o += jnp.where(rows == row, jnp.sum(diag * vi, axis=0, keepdims=True), 0.0)
     r["o"][pl.ds(base + lo, s), :] = o.astype(r["o"].dtype)
@@ -233,92 +233,95 @@ def state_block(r, base, glcol, state, cfg: KernelConfig):
   return decay * state + _dot(k * jnp.exp(glast - g), v, "tn", cfg, dt)
 
 
-def bwd_block(r, base, grow, glcol, state, dstate, cfg: KernelConfig):
-  """One chunk of the backward pass; stores its gradients and returns ``dS``
-  for the state entering the chunk.
+def dq_block(r, base, grow, state, cfg: KernelConfig):
+  """One chunk of ``dq`` (w.r.t. the scaled query, partial over this value block).
 
-  ``state``: the state entering the chunk; ``dstate``: the gradient of the
-  state leaving it. Stores rows of ``dq``, ``dk`` (w.r.t. the scaled query and
-  the key, partial over this value block), ``dv`` and ``dg`` (w.r.t. the
-  in-chunk cumulative log decay, partial), and for vector decays ``dgl``
-  (``[K, 1]``: the chunk-end decay's share through the state).
+  Needs no sweep: a query sees the state entering its chunk (``state``
+  ``[K, bv]``, recomputed by the forward sweep) and the keys before it in the
+  chunk. ``r``: refs ``k, v, do, g`` and the output ``dq``, from row ``base``.
+  """
+  c, dt = cfg.chunk, r["k"].dtype
+  k, v = _rows(r["k"], base, c), _rows(r["v"], base, c)
+  if cfg.mode != "vector":
+    do = _rows(r["do"], base, c)
+    gcol = _rows(r["g"], base, c) if cfg.mode == "scalar" else None
+    m, eq, _, _ = _scalar_masks(gcol, grow, 0.0, c, cfg.mode)  # the chunk end is not needed
+    dq = _dot(_dot(do, v, "nt", cfg, dt) * m, k, "nn", cfg, dt) + eq * _dot(do, state, "nt", cfg, dt)
+    r["dq"][pl.ds(base, c), :] = dq.astype(r["dq"].dtype)
+    return
+
+  s = cfg.sub
+  g = _rows(r["g"], base, c)
+  rows = lax.broadcasted_iota(jnp.int32, (s, 1), 0)
+  earlier = lax.broadcasted_iota(jnp.int32, (s, c), 1)
+  for i in range(c // s):
+    lo = i * s
+    ki, vi, doi, gi = (_rows(r[n], base + lo, s) for n in ("k", "v", "do", "g"))
+    dq = jnp.exp(gi) * _dot(doi, state, "nt", cfg, dt)
+    if i:  # earlier sub-chunks through the decay just before this one (as in fwd_block)
+      gn = _rows(r["g"], base + lo - 1, 1)
+      dscores = jnp.where(earlier < lo, _dot(doi, v, "nt", cfg, dt), 0.0)
+      dq += jnp.exp(gi - gn) * _dot(dscores, k * jnp.exp(jnp.minimum(gn - g, 0.0)), "nn", cfg, dt)
+    # Pairs inside the sub-chunk, exact per channel: dq_i = sum_j (do_i . v_j) k_j pair_ij.
+    for row, pair in _pair_rows(r, base + lo, gi, cfg):
+      do_row = _row(r, "do", base + lo, row, doi, cfg)
+      ddiag = jnp.sum(do_row * vi, axis=1, keepdims=True)  # [s, 1] over keys j
+      dq += jnp.where(rows == row, jnp.sum(ddiag * ki * pair, axis=0, keepdims=True), 0.0)
+    r["dq"][pl.ds(base + lo, s), :] = dq.astype(r["dq"].dtype)
+
+
+def dkv_block(r, base, grow, glcol, dstate, cfg: KernelConfig):
+  """One chunk of ``dk`` (partial over this value block) and ``dv``; returns
+  ``dS`` for the state entering the chunk.
+
+  ``dstate [K, bv]``: the gradient of the state leaving the chunk. Needs no
+  state: a key reaches later queries of its chunk and the leaving state.
+  ``r``: refs ``q, k, v, do, g`` and the outputs ``dk, dv``, from row ``base``.
   """
   c, dt = cfg.chunk, r["q"].dtype
   q = _rows(r["q"], base, c) * cfg.scale
-  k, v, do = (_rows(r[n], base, c) for n in ("k", "v", "do"))
+  do = _rows(r["do"], base, c)
 
   def store(name, start, x):
     r[name][pl.ds(start, x.shape[0]), :] = x.astype(r[name].dtype)
 
   if cfg.mode != "vector":
+    k, v = _rows(r["k"], base, c), _rows(r["v"], base, c)
     gcol = _rows(r["g"], base, c) if cfg.mode == "scalar" else None
     glast = _rows(r["g"], base + c - 1, 1) if cfg.mode == "scalar" else None
     m, eq, ek, a = _scalar_masks(gcol, grow, glast, c, cfg.mode)
-    scores = _dot(q, k, "nt", cfg, dt) * m
     dscores = _dot(do, v, "nt", cfg, dt) * m
-    dk_state = _dot(v, dstate, "nt", cfg, dt)
-    dq = _dot(dscores, k, "nn", cfg, dt) + eq * _dot(do, state, "nt", cfg, dt)
-    dk = _dot(dscores, q, "tn", cfg, dt) + ek * dk_state
-    dv = _dot(scores, do, "tn", cfg, dt) + _dot(k * ek, dstate, "nn", cfg, dt)
-    store("dq", base, dq)
-    store("dk", base, dk)
-    store("dv", base, dv)
-    if cfg.mode == "scalar":
-      total = lambda x: jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
-      # The chunk-end decay reaches the keys' way to the end and the old state.
-      dlast = total(k * ek * dk_state) + a * total(dstate * state)
-      dg = jnp.sum(q * dq - k * dk, axis=1, keepdims=True)
-      last_row = lax.broadcasted_iota(jnp.int32, (c, 1), 0) == c - 1
-      store("dg", base, dg + jnp.where(last_row, dlast, 0.0))
+    store("dk", base, _dot(dscores, q, "tn", cfg, dt) + ek * _dot(v, dstate, "nt", cfg, dt))
+    scores = _dot(q, k, "nt", cfg, dt) * m
+    store("dv", base, _dot(scores, do, "tn", cfg, dt) + _dot(k * ek, dstate, "nn", cfg, dt))
     return a * dstate + _dot(q * eq, do, "tn", cfg, dt)
 
   s, n = cfg.sub, cfg.chunk // cfg.sub
   g = _rows(r["g"], base, c)
   glast = _rows(r["g"], base + c - 1, 1)
-  rows = lax.broadcasted_iota(jnp.int32, (s, 1), 0)
-  earlier = lax.broadcasted_iota(jnp.int32, (s, c), 1)
   later = lax.broadcasted_iota(jnp.int32, (c, s), 0)
-  dlast = jnp.zeros((1, g.shape[1]), jnp.float32)
   for i in range(n):
     lo = i * s
     qi = _rows(r["q"], base + lo, s) * cfg.scale
     ki, vi, doi, gi = (_rows(r[nm], base + lo, s) for nm in ("k", "v", "do", "g"))
-    # Through the states: query reads the entering one, key feeds the leaving one.
+    # Through the leaving state.
     ek = jnp.exp(glast - gi)
-    dk_state = _dot(vi, dstate, "nt", cfg, dt)
-    dq = jnp.exp(gi) * _dot(doi, state, "nt", cfg, dt)
-    dk = ek * dk_state
+    dk = ek * _dot(vi, dstate, "nt", cfg, dt)
     dv = _dot(ki * ek, dstate, "nn", cfg, dt)
-    dlast += jnp.sum(ki * dk, axis=0, keepdims=True)
-    if i:  # this query sub-chunk against earlier keys (reference: just before it)
-      gn = _rows(r["g"], base + lo - 1, 1)
-      dscores = jnp.where(earlier < lo, _dot(doi, v, "nt", cfg, dt), 0.0)
-      dq += jnp.exp(gi - gn) * _dot(dscores, k * jnp.exp(jnp.minimum(gn - g, 0.0)), "nn", cfg, dt)
     if i < n - 1:  # this key sub-chunk against later queries (reference: its end)
       gm = _rows(r["g"], base + lo + s - 1, 1)
       q_ref = q * jnp.exp(jnp.minimum(g - gm, 0.0))
-      ki_ref = ki * jnp.exp(gm - gi)
-      scores = jnp.where(later >= lo + s, _dot(q_ref, ki_ref, "nt", cfg, dt), 0.0)
+      scores = jnp.where(later >= lo + s, _dot(q_ref, ki * jnp.exp(gm - gi), "nt", cfg, dt), 0.0)
       dscores = jnp.where(later >= lo + s, _dot(do, vi, "nt", cfg, dt), 0.0)
       dv += _dot(scores, do, "tn", cfg, dt)
       dk += jnp.exp(gm - gi) * _dot(dscores, q_ref, "tn", cfg, dt)
     # Pairs inside the sub-chunk, exact per channel, one query row at a time.
-    for row, q_row, pair in _pair_rows(r, base + lo, qi, gi, cfg):
+    for row, pair in _pair_rows(r, base + lo, gi, cfg):
+      q_row = _row(r, "q", base + lo, row, qi, cfg, cfg.scale)
       do_row = _row(r, "do", base + lo, row, doi, cfg)
-      kp = ki * pair
-      diag = jnp.sum(q_row * kp, axis=1, keepdims=True)  # [s, 1] over keys j
-      ddiag = jnp.where(rows <= row, jnp.sum(do_row * vi, axis=1, keepdims=True), 0.0)
+      diag = jnp.sum(q_row * ki * pair, axis=1, keepdims=True)  # [s, 1] over keys j
       dv += diag * do_row
-      dq += jnp.where(rows == row, jnp.sum(ddiag * kp, axis=0, keepdims=True), 0.0)
-      dk += ddiag * q_row * pair
-    dg = qi * dq - ki * dk
-    if i == n - 1:
-      last_row = lax.broadcasted_iota(jnp.int32, (s, 1), 0) == s - 1
-      dg += jnp.where(last_row, dlast, 0.0)
-    store("dq", base + lo, dq)
+      dk += jnp.sum(do_row * vi, axis=1, keepdims=True) * q_row * pair
     store("dk", base + lo, dk)
     store("dv", base + lo, dv)
-    store("dg", base + lo, dg)
-  decay = jnp.exp(glcol)
-  r["dgl"][...] = (jnp.sum(dstate * state, axis=1, keepdims=True) * decay).astype(r["dgl"].dtype)
-  return decay * dstate + _dot(q * jnp.exp(g), do, "tn", cfg, dt)
+  return jnp.exp(glcol) * dstate + _dot(q * jnp.exp(g), do, "tn", cfg, dt)

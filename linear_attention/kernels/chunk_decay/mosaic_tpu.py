@@ -53,7 +53,14 @@ def _tpu_states_kernel(*refs, names, cfg, n_chunks, kp):
   r["acc"][...] = blocks.state_block(r, 0, glc, state, cfg)
 
 
-def _tpu_bwd_kernel(*refs, names, cfg, n_chunks, kp):
+def _tpu_dq_kernel(*refs, names, cfg, n_chunks, kp):
+  del n_chunks, kp
+  r = dict(zip(names, refs))
+  grow = r["grow"][...] if cfg.mode == "scalar" else None
+  blocks.dq_block(r, 0, grow, r["states"][...], cfg)
+
+
+def _tpu_dkv_kernel(*refs, names, cfg, n_chunks, kp):
   del kp
   r = dict(zip(names, refs))
   i = pl.program_id(3)  # chunks are visited last to first
@@ -64,14 +71,12 @@ def _tpu_bwd_kernel(*refs, names, cfg, n_chunks, kp):
 
   grow = r["grow"][...] if cfg.mode == "scalar" else None
   glc = r["glc"][...] if cfg.mode == "vector" else None
-  view = dict(r, dgl=r["dgl_all"]) if cfg.mode == "vector" else r
-  dstate = blocks.bwd_block(view, 0, grow, glc, r["states"][...], r["acc"][...], cfg)
+  dstate = blocks.dkv_block(r, 0, grow, glc, r["acc"][...], cfg)
   r["acc"][...] = dstate
 
   @pl.when(i == n_chunks - 1)
   def _():
     r["ds0"][...] = dstate
-
 
 
 def _specs(cfg: blocks.KernelConfig, n_chunks: int, kp: int, reverse: bool):
@@ -84,34 +89,36 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, kp: int, reverse: bool):
       "rows_1": pl.BlockSpec((None, None, c, 1), lambda b, h, jv, n: (b, h, ch(n), 0)),
       "rows_v": pl.BlockSpec((None, None, c, bv), lambda b, h, jv, n: (b, h, ch(n), jv)),
       "part_k": pl.BlockSpec((None, None, None, c, kp), lambda b, h, jv, n: (jv, b, h, ch(n), 0)),
-      "part_1": pl.BlockSpec((None, None, None, c, 1), lambda b, h, jv, n: (jv, b, h, ch(n), 0)),
       "grow": pl.BlockSpec((None, None, None, 1, c), lambda b, h, jv, n: (b, h, ch(n), 0, 0)),
       "glc": pl.BlockSpec((None, None, kp, 1), lambda b, h, jv, n: (b, h, ch(n), 0)),
-      "dgl": pl.BlockSpec((None, None, None, kp, 1), lambda b, h, jv, n: (jv, b, h, ch(n), 0)),
       "state": pl.BlockSpec((None, None, kp, bv), lambda b, h, jv, n: (b, h, 0, jv)),
       "states": pl.BlockSpec((None, None, kp, bv), lambda b, h, jv, n: (b, h, ch(n), jv)),
   }
 
 
-_KERNELS = {"fwd": _tpu_fwd_kernel, "states": _tpu_states_kernel, "bwd": _tpu_bwd_kernel}
+# kind: (kernel, whether it carries a state across the chunk axis in a VMEM scratch)
+_KERNELS = {"fwd": (_tpu_fwd_kernel, True), "states": (_tpu_states_kernel, True),
+            "bwd_dq": (_tpu_dq_kernel, False), "bwd_dkv": (_tpu_dkv_kernel, True)}
 
 
 def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int, kp: int,
          vp: int, reverse: bool = False):
-  """Runs the ``kind`` kernel (``"fwd"``, ``"states"`` or ``"bwd"``); arguments as
-  in :func:`..triton.call`, ``reverse`` visiting the chunks last to first."""
+  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"`` or ``"bwd_dkv"``);
+  arguments as in :func:`..triton.call`, ``reverse`` visiting the chunks last to first.
+  The chunk axis is sequential for the kernels that carry a state, parallel for ``dq``."""
   b, h, _ = inputs[0][1].shape[:3]
+  kernel, carries = _KERNELS[kind]
   specs = _specs(cfg, n_chunks, kp, reverse)
-  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs) + ("acc",)
+  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs) + ("acc",) * carries
   out = pl.pallas_call(
-      functools.partial(_KERNELS[kind], names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
+      functools.partial(kernel, names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
       grid=(b, h, vp // cfg.block_v, n_chunks),
       in_specs=[specs[s] for _, _, s in inputs],
       out_specs=[specs[s] for _, _, s in outputs],
       out_shape=[o for _, o, _ in outputs],
-      scratch_shapes=[pltpu.VMEM((kp, cfg.block_v), jnp.float32)],
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+      scratch_shapes=[pltpu.VMEM((kp, cfg.block_v), jnp.float32)] * carries,
+      compiler_params=pltpu.CompilerParams(dimension_semantics=(
+          "parallel", "parallel", "parallel", "arbitrary" if carries else "parallel")),
       interpret=cfg.interpret,
       name=f"chunk_decay_{kind}_{cfg.mode}",
   )(*(x for _, x, _ in inputs))

@@ -47,32 +47,26 @@ def _gpu_states_kernel(*refs, names, cfg, n_chunks, kp):
   lax.fori_loop(0, n_chunks, body, r["s0"][...].astype(jnp.float32))
 
 
-def _gpu_bwd_kernel(*refs, names, cfg, n_chunks, kp):
+def _gpu_dq_kernel(*refs, names, cfg, n_chunks, kp):
+  r = dict(zip(names, refs))
+
+  @pl.loop(0, n_chunks)
+  def _(j):
+    grow = r["grow"][pl.ds(j, 1), :] if cfg.mode == "scalar" else None
+    state = r["states"][pl.ds(j * kp, kp), :]
+    blocks.dq_block(r, pl.multiple_of(j * cfg.chunk, cfg.chunk), grow, state, cfg)
+
+
+def _gpu_dkv_kernel(*refs, names, cfg, n_chunks, kp):
   r = dict(zip(names, refs))
 
   def body(i, dstate):
     j = n_chunks - 1 - i
-    base = pl.multiple_of(j * cfg.chunk, cfg.chunk)
     grow = r["grow"][pl.ds(j, 1), :] if cfg.mode == "scalar" else None
-    glc = None
-    view = r
-    if cfg.mode == "vector":
-      glc = r["glc"][pl.ds(j * kp, kp), :]
-      view = dict(r, dgl=_RowView(r["dgl_all"], j * kp, kp))
-    state = r["states"][pl.ds(j * kp, kp), :]
-    return blocks.bwd_block(view, base, grow, glc, state, dstate, cfg)
+    glc = r["glc"][pl.ds(j * kp, kp), :] if cfg.mode == "vector" else None
+    return blocks.dkv_block(r, pl.multiple_of(j * cfg.chunk, cfg.chunk), grow, glc, dstate, cfg)
 
   r["ds0"][...] = lax.fori_loop(0, n_chunks, body, r["dst"][...].astype(jnp.float32))
-
-
-class _RowView:
-  """Rows ``[start, start + size)`` of a 2-D ref, written with ``view[...] = x``."""
-
-  def __init__(self, ref, start, size):
-    self.ref, self.start, self.size, self.dtype = ref, start, size, ref.dtype
-
-  def __setitem__(self, idx, x):
-    self.ref[pl.ds(self.start, self.size), :] = x
 
 
 def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
@@ -83,26 +77,24 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
       "rows_1": pl.BlockSpec((None, None, tp, 1), lambda b, h, jv: (b, h, 0, 0)),
       "rows_v": pl.BlockSpec((None, None, tp, bv), lambda b, h, jv: (b, h, 0, jv)),
       "part_k": pl.BlockSpec((None, None, None, tp, kp), lambda b, h, jv: (jv, b, h, 0, 0)),
-      "part_1": pl.BlockSpec((None, None, None, tp, 1), lambda b, h, jv: (jv, b, h, 0, 0)),
       "grow": pl.BlockSpec((None, None, n_chunks, c), lambda b, h, jv: (b, h, 0, 0)),
       "glc": pl.BlockSpec((None, None, n_chunks * kp, 1), lambda b, h, jv: (b, h, 0, 0)),
-      "dgl": pl.BlockSpec((None, None, None, n_chunks * kp, 1),
-                          lambda b, h, jv: (jv, b, h, 0, 0)),
       "state": pl.BlockSpec((None, None, kp, bv), lambda b, h, jv: (b, h, 0, jv)),
       "states": pl.BlockSpec((None, None, n_chunks * kp, bv), lambda b, h, jv: (b, h, 0, jv)),
   }
 
 
-_KERNELS = {"fwd": _gpu_fwd_kernel, "states": _gpu_states_kernel, "bwd": _gpu_bwd_kernel}
+_KERNELS = {"fwd": _gpu_fwd_kernel, "states": _gpu_states_kernel, "bwd_dq": _gpu_dq_kernel,
+            "bwd_dkv": _gpu_dkv_kernel}
 
 
 def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int, kp: int,
          vp: int, reverse: bool = False):
-  """Runs the ``kind`` kernel (``"fwd"``, ``"states"`` or ``"bwd"``).
+  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"`` or ``"bwd_dkv"``).
 
   ``inputs``: ``[(name, array [B, H, ...], spec kind)]`` (arrays present only);
   ``outputs``: ``[(name, ShapeDtypeStruct, spec kind)]``. Returns ``{name: array}``.
-  ``reverse`` is implicit on GPU (the backward kernel loops from the last chunk).
+  ``reverse`` is implicit on GPU (the ``dk, dv`` kernel loops from the last chunk).
   """
   del reverse
   b, h, tp = inputs[0][1].shape[:3]
