@@ -8,8 +8,19 @@ Fields:
   data.*    passed to ``linear_attention.data.make_dataset`` (task-specific fields).
   model.*   mixer or pattern (names from ``linear_attention.nn.MIXERS`` / ``PATTERN_LETTERS``),
             d_model, num_layers, num_heads, mlp_ratio, tie_embeddings, mixer_kwargs
-            ({mixer name: {kwarg: value}}), pooling (classifiers), dtype (compute dtype),
-            short_conv (width of a causal convolution before every mixer; 0 = none).
+            ({mixer name: {kwarg: value}}, see below), pooling (classifiers), dtype (compute
+            dtype), short_conv (width of a causal convolution before every mixer; 0 = none).
+  model.mixer_kwargs.<mixer>.<option>
+            every registry mixer's own options with their defaults (the layer's keyword
+            arguments, ``linear_attention.nn.mixer_kwargs(name)``; ``dtype`` and
+            ``param_dtype`` come from ``model.dtype``), so one option is set from the
+            command line: ``--config.model.mixer_kwargs.gla.chunk_size=128``, a tuple as
+            ``--config.model.mixer_kwargs.mamba2.a_init_range='(0.03,0.5)'``. An option
+            whose default is None (computed by the layer) takes a value of its type.
+            The decay initialisation of the Mamba family is set this way: ``mamba``:
+            ``a_init_scale, dt_min, dt_max, dt_init_floor``; ``mamba2``, ``gated_deltanet``,
+            ``kda``: ``a_init_range, dt_min, dt_max, dt_init_floor``; ``hawk``:
+            ``min_rad, max_rad, c``; ``gla``: ``gate_logit_normalizer``.
   optim.*   lr (peak), warmup_steps, schedule (cosine, linear or constant after the
             warmup), final_lr_ratio (cosine/linear end / peak), weight_decay,
             b1, b2, eps, clip_norm (global norm; <= 0 disables).
@@ -80,6 +91,43 @@ def check_choice(name: str, value: str, choices) -> None:
                      f"{list(choices)}.")
 
 
+# Set by model.dtype, not per mixer.
+_MODEL_LEVEL_KWARGS = ("dtype", "param_dtype")
+_NONE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def mixer_kwargs_config() -> ml_collections.ConfigDict:
+  """``{mixer: {option: default}}`` for every registry mixer, so that dotted overrides
+  (``--config.model.mixer_kwargs.gla.chunk_size=128``) find their field.
+
+  The defaults are the layer's (its signature, then the registry's ``defaults``), so a config
+  that overrides nothing builds the same layers as passing no kwargs. An option whose default
+  is ``None`` becomes a typed placeholder (its annotation's type: ``int | None`` -> int), which
+  stays None unless overridden; one without a plain type is left out.
+  """
+  import inspect
+
+  from linear_attention.nn import registry
+
+  out = ml_collections.ConfigDict()
+  for name in registry.MIXERS:
+    s = registry.spec(name)
+    params = inspect.signature(s.cls.__init__).parameters
+    fields = {}
+    for k in registry.mixer_kwargs(name):
+      if k in _MODEL_LEVEL_KWARGS:
+        continue
+      default = s.defaults.get(k, params[k].default)
+      if default is None:
+        kind = _NONE_TYPES.get(str(params[k].annotation).split("|")[0].strip())
+        if kind is not None:
+          fields[k] = ml_collections.config_dict.placeholder(kind)
+      elif isinstance(default, (bool, int, float, str, tuple)):
+        fields[k] = default
+    out[name] = ml_collections.ConfigDict(fields)
+  return out
+
+
 def base_config(task: str) -> ml_collections.ConfigDict:
   """Every field with its shared default; ``data`` starts from the task's defaults."""
   from linear_attention import data
@@ -88,7 +136,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.data = data.default_data_config(task)
   c.model = ml_collections.ConfigDict(dict(
       mixer="gla", pattern="", d_model=128, num_layers=2, num_heads=4, mlp_ratio=8 / 3,
-      tie_embeddings=True, mixer_kwargs=ml_collections.ConfigDict(), pooling="mean",
+      tie_embeddings=True, mixer_kwargs=mixer_kwargs_config(), pooling="mean",
       dtype="float32", short_conv=0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, warmup_steps=100, final_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.95,

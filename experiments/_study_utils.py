@@ -69,6 +69,38 @@ def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
       w.writerow({c: r.get(c, "") for c in columns})
 
 
+def read_json(path: str):
+  """The JSON object at ``path``, or None when it is missing or unreadable."""
+  import json
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def flag_text(v) -> str:
+  """A config value as ``--config.*`` flags write it (tuples and JSON lists alike)."""
+  from linear_attention import sweep
+  return sweep.flag_value(v)
+
+
+def relative_path(path: str) -> str:
+  """``path`` as results files store it, without the machine's absolute prefix: relative to
+  the repository root when under it, else from its last ``runs`` folder on (run folders live
+  under ``runs/`` of a checkout or of ``/work``), else its relative path from the root."""
+  if not os.path.isabs(path):
+    return path
+  rel = os.path.relpath(path, REPO_ROOT)
+  if not rel.startswith(".."):
+    return rel
+  parts = path.split(os.sep)
+  if "runs" in parts:
+    i = len(parts) - 1 - parts[::-1].index("runs")
+    return os.path.join(*parts[i:])
+  return rel
+
+
 def binomial_se(p: float, n: int) -> float:
   """Standard error ``sqrt(p (1 - p) / n)`` of an accuracy ``p`` on ``n`` independent items;
   NaN for ``n = 0``."""

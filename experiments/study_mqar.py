@@ -57,11 +57,29 @@ from linear_attention.nn import registry  # noqa: E402
 
 MIXERS = registry.select(study="mqar")
 
-FULL = dict(mixers=MIXERS, widths=(64, 128), lrs=(3e-3, 1e-3),
+# Decay initialisations swept for the Mamba family (``--inits``). "default" is each layer's
+# reference init (the grid's first points). "slow" starts with a decay about 30x slower:
+# Mamba's and Mamba-2's ``A`` divided by 32 (``A * dt`` about 0.005 per step at the mean dt
+# instead of 0.17), Hawk's ``a`` in [0.99, 0.9999] instead of [0.9, 0.999] (-log a about
+# 10x smaller). A probe of Mamba-2 at T=64, d=64 found it reached 0.58 at 1000 steps with
+# such an ``A`` against 0.25 with the default. "slow_dt" adds a larger starting ``dt``
+# (log-uniform in [0.01, 0.1]) to the small ``A``: faster writes with the same slow decay.
+INITS = {
+    "default": {},
+    "slow": {"mamba": {"a_init_scale": 1 / 32},
+             "mamba2": {"a_init_range": (1 / 32, 0.5)},
+             "hawk": {"min_rad": 0.99, "max_rad": 0.9999}},
+    "slow_dt": {"mamba": {"a_init_scale": 1 / 32, "dt_min": 0.01},
+                "mamba2": {"a_init_range": (1 / 32, 0.5), "dt_min": 0.01},
+                "hawk": {"min_rad": 0.99, "max_rad": 0.9999, "c": 16.0}},
+}
+
+FULL = dict(mixers=MIXERS, widths=(64, 128), lrs=(3e-3, 1e-3), inits=("default",),
             settings=((64, 4), (128, 8)), vocab=8192, batch=64, steps=1000, eval_every=100,
             eval_batches=2, short_conv=3, no_conv_mixers=("softmax",), early_stop=0.99,
             test_queries=1024, eval_batch_size=64)
-SMOKE = dict(mixers=("softmax", "gla"), widths=(32,), lrs=(3e-3,), settings=((32, 4),),
+SMOKE = dict(mixers=("softmax", "gla"), widths=(32,), lrs=(3e-3,), inits=("default",),
+             settings=((32, 4),),
              vocab=64, batch=8, steps=20, eval_every=10, eval_batches=1, short_conv=3,
              no_conv_mixers=("softmax",), early_stop=0.99, test_queries=16, eval_batch_size=8)
 # Zoology's figure 2: 100k training examples, 64 epochs; widths 64-512; 4 learning rates.
@@ -87,25 +105,55 @@ def state_floats(workdir: str, seq_len: int) -> int:
   return int(sum(np.prod(x.shape) for x in leaves))
 
 
+def init_overrides(mixer: str, init: str) -> dict:
+  """The ``model.mixer_kwargs.<mixer>.*`` overrides of decay init ``init`` (``{}`` for the
+  default, or for a mixer the init does not name)."""
+  return {f"model.mixer_kwargs.{mixer}.{k}": v for k, v in INITS[init].get(mixer, {}).items()}
+
+
+def init_of(overrides: dict) -> str:
+  """The name of the decay init a point's overrides set ("default" when they set none)."""
+  m = overrides["model.mixer"]
+  for name, per_mixer in INITS.items():
+    if name != "default" and per_mixer.get(m) and all(
+        k in overrides and _same(overrides[k], v) for k, v in init_overrides(m, name).items()) \
+        and sum(k.startswith("model.mixer_kwargs.") for k in overrides) == len(per_mixer[m]):
+      return name
+  return "default"
+
+
+def _same(a, b) -> bool:
+  """Equal after a JSON round trip (tuples come back as lists)."""
+  if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+  return a == b
+
+
 def points_of(size: dict) -> list[dict]:
-  """Every (learning rate, width, setting, recipe, mixer) as override dicts, in the order
-  they run: an interrupted study has whole (rate, width) grids over every mixer, the
-  smallest width and the first rate first."""
+  """Every (learning rate, init, width, setting, recipe, mixer) as override dicts, in the
+  order they run: an interrupted study has whole (rate, width) grids over every mixer, the
+  smallest width and the first rate first. An init other than "default" adds points only
+  for the mixers it names."""
   pts = []
   for lr in size["lrs"]:
-    for d in size["widths"]:
-      for t, n in size["settings"]:
-        for conv, mixers in ((size["short_conv"], size["mixers"]), (0, size["no_conv_mixers"])):
-          for m in mixers:
-            pts.append({"model.mixer": m, "model.short_conv": conv, "data.seq_len": t,
-                        "data.num_kv_pairs": n, "model.d_model": d, "optim.lr": lr})
+    for init in size.get("inits", ("default",)):
+      for d in size["widths"]:
+        for t, n in size["settings"]:
+          for conv, mixers in ((size["short_conv"], size["mixers"]),
+                               (0, size["no_conv_mixers"])):
+            for m in mixers:
+              if init != "default" and m not in INITS[init]:
+                continue
+              pts.append({"model.mixer": m, "model.short_conv": conv, "data.seq_len": t,
+                          "data.num_kv_pairs": n, "model.d_model": d, "optim.lr": lr,
+                          **init_overrides(m, init)})
   return pts
 
 
 def setting_key(overrides: dict) -> tuple:
-  """A grid point without its learning rate: (mixer, short conv, T, width)."""
+  """A grid point without its learning rate: (mixer, short conv, T, width, init)."""
   return tuple(overrides[k] for k in ("model.mixer", "model.short_conv", "data.seq_len",
-                                      "model.d_model"))
+                                      "model.d_model")) + (init_of(overrides),)
 
 
 def later_lr_points(points: list[dict], first_rows: list[dict], threshold: float) -> list[dict]:
@@ -117,6 +165,55 @@ def later_lr_points(points: list[dict], first_rows: list[dict], threshold: float
   return [p for p in points if p["optim.lr"] != first_lr and setting_key(p) not in solved]
 
 
+def merge_runs(old: list[dict], new: list[dict]) -> list[dict]:
+  """``old`` runs (a previous ``mqar.json``) with ``new`` ones added: a new finished run
+  replaces an old one of the same overrides; a new unfinished one does not replace a finished
+  old one (its run folder may be gone, the committed result stays)."""
+  key = lambda r: tuple(sorted((k, su.flag_text(v)) for k, v in r["overrides"].items()))  # noqa: E731
+  out = {key(r): r for r in old}
+  for r in old:
+    r.setdefault("init", init_of(r["overrides"]))
+  for r in new:
+    k = key(r)
+    if k not in out or r["status"] == "done" or out[k].get("status") != "done":
+      out[k] = r
+  return list(out.values())
+
+
+def best_table(rows: list[dict], size: dict) -> list[dict]:
+  """One row per (mixer, recipe, setting, width): the best test accuracy over learning rates
+  and decay inits (Zoology tunes the rate per point; the Mamba family's init is tuned the same
+  way), with the default init's best beside it and every (init, rate) accuracy."""
+  scored = [r for r in rows if "test_accuracy" in r]
+  order = list(MIXERS) + sorted({r["overrides"]["model.mixer"] for r in scored} - set(MIXERS))
+  keys = sorted({(r["overrides"]["model.mixer"], r["overrides"]["model.short_conv"],
+                  r["overrides"]["data.seq_len"], r["overrides"]["model.d_model"])
+                 for r in scored},
+                key=lambda k: (k[1] == 0, order.index(k[0]), k[2], k[3]))
+  table = []
+  for m, conv, t, d in keys:
+    cands = [r for r in scored if (r["overrides"]["model.mixer"], r["overrides"]["model.short_conv"],
+                                   r["overrides"]["data.seq_len"], r["overrides"]["model.d_model"])
+             == (m, conv, t, d)]
+    best = max(cands, key=lambda r: r["test_accuracy"])
+    default = [r for r in cands if r.get("init", "default") == "default"]
+    best_default = max(default, key=lambda r: r["test_accuracy"]) if default else None
+    table.append({
+        "mixer": m, "short_conv": conv, "seq_len": t,
+        "num_kv_pairs": best["overrides"]["data.num_kv_pairs"], "d_model": d,
+        "best_lr": best["overrides"]["optim.lr"], "best_init": best.get("init", "default"),
+        "accuracy": best["test_accuracy"], "se": best["test_se"],
+        "test_queries": best["test_queries"], "state_floats": best["state_floats"],
+        "steps_run": best["steps_run"], "num_params": best["metrics"]["num_params"],
+        "default_init_accuracy": best_default["test_accuracy"] if best_default else None,
+        "default_init_se": best_default["test_se"] if best_default else None,
+        "lr_accuracies": {str(c["overrides"]["optim.lr"]): c["test_accuracy"]
+                          for c in default} if default else {},
+        "init_accuracies": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
+                            c["test_accuracy"] for c in cands}})
+  return table
+
+
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "mqar")
@@ -124,19 +221,30 @@ def main() -> int:
   p.add_argument("--lrs", help="comma-separated learning rates, the first trained everywhere "
                  "(default: the size's)")
   p.add_argument("--mixers", help="comma-separated mixers (default: the size's)")
+  p.add_argument("--inits", help="comma-separated decay inits among "
+                 f"{', '.join(INITS)} (default: default); an init other than default adds "
+                 "points only for the mixers it names")
+  p.add_argument("--merge", action="store_true",
+                 help="keep the runs of the existing <out>/mqar.json and add (or replace) "
+                      "this invocation's points: a subset grid completes the full table")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.mixers:
     chosen = tuple(args.mixers.split(","))
-    unknown = sorted(set(chosen) - set(size["mixers"]))
+    unknown = sorted(set(chosen) - set(MIXERS))
     if unknown:
-      raise ValueError(f"--mixers must be among {', '.join(size['mixers'])}; got {unknown}.")
+      raise ValueError(f"--mixers must be among {', '.join(MIXERS)}; got {unknown}.")
     size["mixers"] = chosen
     size["no_conv_mixers"] = tuple(m for m in size["no_conv_mixers"] if m in chosen)
   if args.widths:
     size["widths"] = tuple(int(w) for w in args.widths.split(","))
   if args.lrs:
     size["lrs"] = tuple(float(x) for x in args.lrs.split(","))
+  if args.inits:
+    size["inits"] = tuple(args.inits.split(","))
+    unknown = sorted(set(size["inits"]) - set(INITS))
+    if unknown:
+      raise ValueError(f"--inits must be among {', '.join(INITS)}; got {unknown}.")
   size["steps"] = su.scaled_steps(size["steps"], args)
   points = points_of(size)
   steps = size["steps"]
@@ -153,6 +261,7 @@ def main() -> int:
   grid = lambda pts: su.train_grid("configs/mqar.py:size=small", pts, su.runs_dir(args, "mqar"),
                                    args.workers, flags, collect_only=args.collect)
   first_lr = size["lrs"][0]
+  previous = su.read_json(os.path.join(args.out, "mqar.json")) if args.merge else None
   rows = grid([p for p in points if p["optim.lr"] == first_lr])
   later = later_lr_points(points, rows, size["early_stop"])
   rows += grid(later) if later else []
@@ -173,28 +282,20 @@ def main() -> int:
              state_floats=state_floats(r["workdir"], t),
              steps_run=r["metrics"]["step"], stopped_early=r["metrics"].get("stopped_early"))
 
-  table = []
-  groups = [(m, size["short_conv"]) for m in size["mixers"]]
-  groups += [(m, 0) for m in size["no_conv_mixers"]]
-  for m, conv in groups:
-    for t, n in size["settings"]:
-      for d in size["widths"]:
-        cands = [r for r in rows if "test_accuracy" in r and r["overrides"]["model.mixer"] == m
-                 and r["overrides"]["model.short_conv"] == conv
-                 and r["overrides"]["data.seq_len"] == t and r["overrides"]["model.d_model"] == d]
-        if not cands:
-          continue
-        best = max(cands, key=lambda r: r["test_accuracy"])
-        table.append({
-            "mixer": m, "short_conv": conv, "seq_len": t, "num_kv_pairs": n, "d_model": d,
-            "best_lr": best["overrides"]["optim.lr"], "accuracy": best["test_accuracy"],
-            "se": best["test_se"], "test_queries": best["test_queries"],
-            "state_floats": best["state_floats"], "steps_run": best["steps_run"],
-            "num_params": best["metrics"]["num_params"],
-            "lr_accuracies": {str(c["overrides"]["optim.lr"]): c["test_accuracy"] for c in cands}})
+  for r in rows:
+    r["init"] = init_of(r["overrides"])
+  if previous:
+    rows = merge_runs(previous.get("runs", []), rows)
+  table = best_table(rows, size)
 
   examples = size["batch"] * steps
-  out = {"study": "mqar", "config": {"smoke": args.smoke, **size},
+  config = {"smoke": args.smoke, **size, "init_overrides": INITS}
+  if previous:
+    config = {**previous.get("config", {}), "merged": previous.get("config", {}).get(
+        "merged", []) + [{**size, "command": su.environment()["command"]}]}
+  for r in rows:
+    r["workdir"] = su.relative_path(r["workdir"])
+  out = {"study": "mqar", "config": config,
          "elapsed_s": time.time() - t0,
          "budget": {"training_examples_max": examples, "steps_max": steps,
                     "tokens_max": {str(t): examples * t for t, _ in size["settings"]},
@@ -204,7 +305,8 @@ def main() -> int:
          "environment": su.environment(shared_machine=True), "table": table, "runs": rows}
   cols = [("mixer", "mixer", "{}"), ("short_conv", "conv", "{}"), ("seq_len", "T", "{}"),
           ("num_kv_pairs", "pairs", "{}"), ("d_model", "d", "{}"), ("best_lr", "lr", "{:g}"),
-          ("accuracy", "acc", "{:.3f}"), ("se", "se", "{:.3f}"), ("steps_run", "steps", "{}"),
+          ("best_init", "init", "{}"), ("accuracy", "acc", "{:.3f}"), ("se", "se", "{:.3f}"),
+          ("default_init_accuracy", "acc@default", "{:.3f}"), ("steps_run", "steps", "{}"),
           ("state_floats", "state", "{:,}")]
   return su.finish(args.out, "mqar", out, table, cols, rows)
 

@@ -128,32 +128,40 @@ class GatedDeltaNet(DeltaNet):
   """Gated DeltaNet (Yang, Kautz and Hatamizadeh 2024): DeltaNet with a Mamba-2 style decay.
 
   ``log_decay = -exp(A_log) * softplus(W_a x + dt_bias)`` per head and token,
-  with ``exp(A_log)`` in ``[1, 16]`` and ``softplus(dt_bias)`` in
-  ``[dt_min, dt_max]`` at init.
+  with ``exp(A_log)`` uniform in ``a_init_range`` (default ``[1, 16]``) and
+  ``softplus(dt_bias)`` log-uniform in ``[dt_min, dt_max]`` (floored at
+  ``dt_init_floor``) at init, as Mamba-2.
   """
 
   def __init__(self, d_model: int, num_heads: int, *, conv_width: int = 4,
                use_short_conv: bool = True, use_gate: bool = True, allow_neg_eigval: bool = False,
-               dt_min: float = 1e-3, dt_max: float = 1e-1, chunk_size: int = 64,
+               dt_min: float = 1e-3, dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
+               a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
                norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     super().__init__(d_model, num_heads, conv_width=conv_width, use_short_conv=use_short_conv,
                      use_gate=use_gate, allow_neg_eigval=allow_neg_eigval,
                      chunk_size=chunk_size, norm_eps=norm_eps, rngs=rngs, dtype=dtype,
                      param_dtype=param_dtype)
-    _scalar_gate(self, d_model, num_heads, dt_min, dt_max, rngs, dtype, param_dtype)
+    _scalar_gate(self, d_model, num_heads, dict(dt_min=dt_min, dt_max=dt_max,
+                                                dt_init_floor=dt_init_floor,
+                                                a_init_range=a_init_range),
+                 rngs, dtype, param_dtype)
 
   def _log_decay(self, x):
     return _scalar_log_decay(self, x)
 
 
-def _scalar_gate(layer, d_model, num_heads, dt_min, dt_max, rngs, dtype, param_dtype):
-  """Mamba-2's gate parameters: ``a_proj``, ``A_log`` (``exp`` in ``[1, 16]``) and
-  ``dt_bias`` (``softplus`` in ``[dt_min, dt_max]``), one per head."""
+def _scalar_gate(layer, d_model, num_heads, init, rngs, dtype, param_dtype):
+  """Mamba-2's gate parameters: ``a_proj``, ``A_log`` (``exp`` uniform in
+  ``init["a_init_range"]``) and ``dt_bias`` (``softplus`` log-uniform in ``[dt_min, dt_max]``,
+  floored at ``dt_init_floor``), one per head."""
+  modules.check_decay_init(**init)
   layer.a_proj = modules.dense(d_model, num_heads, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-  layer.A_log = modules.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
-                                                      minval=1.0, maxval=16.0)), param_dtype)
-  dt = jnp.maximum(modules.log_uniform(rngs.params(), (num_heads,), dt_min, dt_max), 1e-4)
-  layer.dt_bias = modules.param(modules.inverse_softplus(dt), param_dtype)
+  layer.A_log = modules.param(modules.a_log_init(rngs.params(), (num_heads,),
+                                                 init["a_init_range"]), param_dtype)
+  layer.dt_bias = modules.param(modules.dt_bias_init(
+      rngs.params(), (num_heads,), init["dt_min"], init["dt_max"], init["dt_init_floor"]),
+      param_dtype)
 
 
 def _scalar_log_decay(layer, x):
@@ -167,16 +175,20 @@ class KimiDeltaAttention(DeltaNet):
   per-channel decay, ``S_t = (I - beta_t k_t k_t^T) diag(alpha_t) S_{t-1} + beta_t k_t v_t^T``.
 
   ``log alpha = -exp(A_log) * softplus(W_up W_down x + dt_bias)``: a low-rank
-  projection per channel, ``exp(A_log)`` per head in ``[1, 16]`` and
-  ``softplus(dt_bias)`` per channel in ``[dt_min, dt_max]`` at init. Output:
+  projection per channel, ``exp(A_log)`` per head uniform in ``a_init_range``
+  (default ``[1, 16]``) and ``softplus(dt_bias)`` per channel log-uniform in
+  ``[dt_min, dt_max]`` (floored at ``dt_init_floor``) at init. Output:
   ``W_o(RMSNorm(o) * sigmoid(G_up G_down x))`` (a low-rank output gate).
   """
 
   def __init__(self, d_model: int, num_heads: int, *, conv_width: int = 4,
                use_short_conv: bool = True, allow_neg_eigval: bool = False,
                gate_low_rank: int | None = None, dt_min: float = 1e-3, dt_max: float = 1e-1,
+               dt_init_floor: float = 1e-4, a_init_range: tuple[float, float] = (1.0, 16.0),
                chunk_size: int = 64, norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
+    modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
+                             a_init_range=a_init_range)
     self._build(d_model, num_heads, 1, conv_width=conv_width, use_short_conv=use_short_conv,
                 use_gate=False, allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size,
                 norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
@@ -184,10 +196,10 @@ class KimiDeltaAttention(DeltaNet):
     mixer.check_positive("gate_low_rank", rank)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.f_down, self.f_up = modules.dense(d_model, rank, **kw), modules.dense(rank, d_model, **kw)
-    self.A_log = modules.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
-                                                       minval=1.0, maxval=16.0)), param_dtype)
-    dt = jnp.maximum(modules.log_uniform(rngs.params(), (d_model,), dt_min, dt_max), 1e-4)
-    self.dt_bias = modules.param(modules.inverse_softplus(dt), param_dtype)
+    self.A_log = modules.param(modules.a_log_init(rngs.params(), (num_heads,), a_init_range),
+                               param_dtype)
+    self.dt_bias = modules.param(modules.dt_bias_init(rngs.params(), (d_model,), dt_min, dt_max,
+                                                      dt_init_floor), param_dtype)
     self.out_down, self.out_up = modules.dense(d_model, rank, **kw), modules.dense(rank, d_model, **kw)
 
   def _log_decay(self, x):
@@ -220,8 +232,9 @@ class GatedDeltaProduct(DeltaNet):
   def __init__(self, d_model: int, num_heads: int, *, num_householder: int = 2,
                use_forget_gate: bool = True, conv_width: int = 4, use_short_conv: bool = True,
                use_gate: bool = True, allow_neg_eigval: bool = False, dt_min: float = 1e-3,
-               dt_max: float = 1e-1, chunk_size: int = 64, norm_eps: float = 1e-5,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
+               a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
+               norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     mixer.check_positive("num_householder", num_householder)
     self._build(d_model, num_heads, num_householder, conv_width=conv_width,
                 use_short_conv=use_short_conv, use_gate=use_gate,
@@ -229,7 +242,10 @@ class GatedDeltaProduct(DeltaNet):
                 rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.use_forget_gate = use_forget_gate
     if use_forget_gate:
-      _scalar_gate(self, d_model, num_heads, dt_min, dt_max, rngs, dtype, param_dtype)
+      _scalar_gate(self, d_model, num_heads, dict(dt_min=dt_min, dt_max=dt_max,
+                                                  dt_init_floor=dt_init_floor,
+                                                  a_init_range=a_init_range),
+                   rngs, dtype, param_dtype)
 
   def _log_decay(self, x):
     return _scalar_log_decay(self, x) if self.use_forget_gate else None

@@ -287,18 +287,26 @@ class Mamba2(mixer.Mixer):
   """Mamba-2 block (Dao & Gu 2024): in-projection, short conv, SSD, gated RMSNorm, out-projection.
 
   ``d_inner = expand * D`` split into ``num_heads`` heads of ``d_inner / num_heads``;
-  ``B, C`` have ``ngroups`` groups of ``d_state``. ``A = -exp(A_log)`` with
-  ``-A`` in ``[1, 16]``; ``softplus(dt_bias)`` in ``[dt_min, dt_max]`` at init.
-  Decoding state: the conv window ``[B, W-1, C]`` and the SSD state
-  ``[B, H, N, P]``, both float32.
+  ``B, C`` have ``ngroups`` groups of ``d_state``. Decoding state: the conv
+  window ``[B, W-1, C]`` and the SSD state ``[B, H, N, P]``, both float32.
+
+  Decay initialisation (the per-step decay is ``exp(-A * dt)`` per head; the
+  defaults are the reference's):
+    a_init_range: ``A = exp(A_log)`` uniform in this range per head. A smaller
+      range starts with a slower decay (longer memory).
+    dt_min, dt_max: ``dt = softplus(dt_bias)`` log-uniform in this range per
+      head at init (floored at ``dt_init_floor``).
   """
 
   context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, d_state: int = 16, expand: int = 2,
                ngroups: int = 1, conv_width: int = 4, dt_min: float = 1e-3,
-               dt_max: float = 1e-1, chunk_size: int = 64, norm_eps: float = 1e-5,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
+               a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
+               norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
+                             a_init_range=a_init_range)
     d_inner = expand * d_model
     mixer.check_divisible("d_inner (expand * d_model)", d_inner, "num_heads", num_heads)
     mixer.check_divisible("num_heads", num_heads, "ngroups", ngroups)
@@ -308,10 +316,10 @@ class Mamba2(mixer.Mixer):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.in_proj = modules.dense(d_model, d_inner + conv_dim + num_heads, **kw)
     self.conv = modules.ShortConv(conv_dim, conv_width, rngs=rngs, param_dtype=param_dtype)
-    self.A_log = modules.param(jnp.log(jax.random.uniform(rngs.params(), (num_heads,),
-                                                       minval=1.0, maxval=16.0)), param_dtype)
-    dt = jnp.maximum(modules.log_uniform(rngs.params(), (num_heads,), dt_min, dt_max), 1e-4)
-    self.dt_bias = modules.param(modules.inverse_softplus(dt), param_dtype)
+    self.A_log = modules.param(modules.a_log_init(rngs.params(), (num_heads,), a_init_range),
+                               param_dtype)
+    self.dt_bias = modules.param(modules.dt_bias_init(rngs.params(), (num_heads,), dt_min,
+                                                      dt_max, dt_init_floor), param_dtype)
     self.D = modules.param(jnp.ones((num_heads,)), param_dtype)
     self.norm = modules.HeadNorm(d_inner // ngroups, eps=norm_eps, rngs=rngs,
                               param_dtype=param_dtype)

@@ -59,6 +59,44 @@ def log_uniform(key: Array, shape, low: float, high: float) -> Array:
   return jnp.exp(u * (jnp.log(high) - jnp.log(low)) + jnp.log(low))
 
 
+# ----------------------------------------------------------------------------- decay init
+# The Mamba family's per-step decay is exp(-A * dt), dt = softplus(x W + dt_bias). Its
+# starting point (A's range, dt's range) decides what a short run can learn (the MQAR
+# study sweeps it), so the layers take it as options; these helpers keep them one way.
+
+
+def check_decay_init(*, a_init_range=None, **positive: float) -> None:
+  """ValueError naming the argument unless every ``positive`` value is a number > 0, ``dt_min
+  <= dt_max`` when both are given, and ``a_init_range`` (if given) is ``(low, high)`` with
+  ``0 < low <= high``."""
+  for name, v in positive.items():
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+      raise ValueError(f"{name} must be a number > 0, got {v!r}.")
+  if "dt_min" in positive and "dt_max" in positive and positive["dt_min"] > positive["dt_max"]:
+    raise ValueError(f"dt_min must be <= dt_max, got dt_min={positive['dt_min']!r}, "
+                     f"dt_max={positive['dt_max']!r}.")
+  if a_init_range is not None:
+    ok = isinstance(a_init_range, (tuple, list)) and len(a_init_range) == 2
+    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in a_init_range)
+    if not (ok and 0 < a_init_range[0] <= a_init_range[1]):
+      raise ValueError(f"a_init_range must be (low, high) with 0 < low <= high, got "
+                       f"{a_init_range!r}.")
+
+
+def dt_bias_init(key: Array, shape, dt_min: float, dt_max: float, floor: float = 1e-4) -> Array:
+  """``dt_bias`` with ``softplus(dt_bias)`` log-uniform in ``[dt_min, dt_max]``, at least
+  ``floor`` (Mamba's ``dt_init_floor``); float32 ``shape``."""
+  dt = jnp.maximum(log_uniform(key, shape, dt_min, dt_max), floor)
+  return inverse_softplus(dt)
+
+
+def a_log_init(key: Array, shape, a_init_range=(1.0, 16.0)) -> Array:
+  """``A_log = log(A)`` with ``A`` uniform in ``a_init_range`` (Mamba-2's ``A_init_range``),
+  float32 ``shape``."""
+  low, high = a_init_range
+  return jnp.log(jax.random.uniform(key, shape, minval=low, maxval=high))
+
+
 def positions_of(batch: int, seq: int, segment_ids: Array | None) -> Array:
   """``[B, T]`` int32 positions, restarting at 0 at each segment start."""
   pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))

@@ -26,17 +26,24 @@ class Mamba(mixer.Mixer):
 
   ``x, z = W_in u``; ``x = silu(conv1d(x))``; ``dt, B, C = W_x x`` (``dt`` of
   rank ``dt_rank`` lifted by ``W_dt``); ``y = selective_scan(x, dt, A, B, C, D,
-  z)``; output ``W_out y``. ``A = -exp(A_log)`` with S4D-Real ``A_log =
-  log(1..N)``; ``softplus(dt_bias)`` in ``[dt_min, dt_max]`` at init.
-  Decoding state: conv window ``[B, W-1, d_inner]`` and SSM state
-  ``[B, d_inner, N]``, float32.
+  z)``; output ``W_out y``. Decoding state: conv window ``[B, W-1, d_inner]``
+  and SSM state ``[B, d_inner, N]``, float32.
+
+  Decay initialisation (the per-step decay is ``exp(-A * dt)``; the defaults are
+  the reference's):
+    a_init_scale: ``A = a_init_scale * (1, 2, ..., N)`` per channel (S4D-Real
+      at 1.0). A smaller scale starts with a slower decay (longer memory).
+    dt_min, dt_max: ``dt = softplus(dt_bias)`` is drawn log-uniformly in this
+      range per channel at init (floored at ``dt_init_floor``).
   """
 
   def __init__(self, d_model: int, num_heads: int = 1, *, d_state: int = 16, expand: int = 2,
                conv_width: int = 4, dt_rank: int | None = None, dt_min: float = 1e-3,
-               dt_max: float = 1e-1, chunk_size: int = 64, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               dt_max: float = 1e-1, dt_init_floor: float = 1e-4, a_init_scale: float = 1.0,
+               chunk_size: int = 64, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     del num_heads
+    modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
+                             a_init_scale=a_init_scale)
     d_inner = expand * d_model
     dt_rank = math.ceil(d_model / 16) if dt_rank is None else dt_rank
     self.d_inner, self.d_state, self.dt_rank, self.chunk_size = d_inner, d_state, dt_rank, chunk_size
@@ -47,9 +54,10 @@ class Mamba(mixer.Mixer):
     # dt_proj's weight scaled as in Mamba (std dt_rank^-0.5); its bias is dt_bias.
     self.dt_proj = modules.dense(dt_rank, d_inner, kernel_init=nnx.initializers.uniform(
         2 * dt_rank**-0.5), **kw)
-    dt = jnp.maximum(modules.log_uniform(rngs.params(), (d_inner,), dt_min, dt_max), 1e-4)
-    self.dt_bias = modules.param(modules.inverse_softplus(dt), param_dtype)
-    a = jnp.broadcast_to(jnp.arange(1, d_state + 1, dtype=jnp.float32), (d_inner, d_state))
+    self.dt_bias = modules.param(
+        modules.dt_bias_init(rngs.params(), (d_inner,), dt_min, dt_max, dt_init_floor), param_dtype)
+    a = jnp.broadcast_to(a_init_scale * jnp.arange(1, d_state + 1, dtype=jnp.float32),
+                         (d_inner, d_state))
     self.A_log = modules.param(jnp.log(a), param_dtype)
     self.D = modules.param(jnp.ones((d_inner,)), param_dtype)
     self.out_proj = modules.dense(d_inner, d_model, **kw)
@@ -115,16 +123,25 @@ class HawkBlock(mixer.Mixer):
 
   Two branches of width ``lru_width``: ``gelu(W_y x)`` and ``W_x x`` through a
   short conv and the RG-LRU (gates from block-diagonal projections over
-  ``num_heads`` blocks); their product goes through ``W_out``. ``Lambda`` is
-  initialised so that ``a = sigmoid(Lambda)^c`` lies in ``[0.9, 0.999]``
-  (``a^2`` uniform there, as recurrentgemma draws it). Decoding state: the conv
-  window ``[B, W-1, lru_width]``, the RG-LRU state ``[B, lru_width]`` float32,
-  and the position (a document's first token skips the normaliser).
+  ``num_heads`` blocks); their product goes through ``W_out``. Decoding state:
+  the conv window ``[B, W-1, lru_width]``, the RG-LRU state ``[B, lru_width]``
+  float32, and the position (a document's first token skips the normaliser).
+
+  Decay initialisation (the per-step decay is ``a^(r_t)``, ``r_t`` the
+  recurrence gate, about 0.5 at init; the defaults are the reference's):
+    min_rad, max_rad: ``Lambda`` is drawn so that ``a = sigmoid(Lambda)^c``
+      lies in ``[min_rad, max_rad]`` (``a^2`` uniform there, as recurrentgemma
+      draws it). Values closer to 1 start with a slower decay.
+    c: the gate's temperature (8 in Griffin).
   """
 
   def __init__(self, d_model: int, num_heads: int, *, lru_width: int | None = None,
                conv_width: int = 4, c: float = 8.0, min_rad: float = 0.9, max_rad: float = 0.999,
                chunk_size: int = 64, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    modules.check_decay_init(c=c, min_rad=min_rad, max_rad=max_rad)
+    if not min_rad <= max_rad < 1:
+      raise ValueError(f"Hawk needs 0 < min_rad <= max_rad < 1, got min_rad={min_rad!r}, "
+                       f"max_rad={max_rad!r}.")
     width = d_model if lru_width is None else lru_width
     self.width, self.c, self.chunk_size = width, c, chunk_size
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)

@@ -125,7 +125,8 @@ class LogLinearMamba2(gated.Mamba2):
   """Log-linear Mamba-2 (Guo et al. 2025): Mamba-2 whose SSD state is split over
   ``num_levels`` Fenwick levels mixed by data-dependent weights.
 
-  Mamba-2's projections, convolution, ``A``, ``dt`` and ``D`` unchanged, plus
+  Mamba-2's projections, convolution, ``A``, ``dt`` and ``D`` unchanged (so are its
+  decay-init options ``a_init_range, dt_min, dt_max, dt_init_floor``), plus
   ``level_weights = softplus(W_l x + b_l)`` ``[B, T, H, L]`` with ``b_l``
   such that every weight starts at 1: at initialisation the layer computes
   Mamba-2 exactly. Levels from ``num_levels - 1`` up share one weight (the
@@ -135,11 +136,13 @@ class LogLinearMamba2(gated.Mamba2):
 
   def __init__(self, d_model: int, num_heads: int, *, num_levels: int = 12, d_state: int = 16,
                expand: int = 2, ngroups: int = 1, conv_width: int = 4, dt_min: float = 1e-3,
-               dt_max: float = 1e-1, chunk_size: int = 64, norm_eps: float = 1e-5,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
+               a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
+               norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     mixer.check_positive("num_levels", num_levels)
     super().__init__(d_model, num_heads, d_state=d_state, expand=expand, ngroups=ngroups,
-                     conv_width=conv_width, dt_min=dt_min, dt_max=dt_max, chunk_size=chunk_size,
+                     conv_width=conv_width, dt_min=dt_min, dt_max=dt_max,
+                     dt_init_floor=dt_init_floor, a_init_range=a_init_range, chunk_size=chunk_size,
                      norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.num_levels = num_levels
     self.level_proj = modules.dense(d_model, num_heads * num_levels, use_bias=True, rngs=rngs,

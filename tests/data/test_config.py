@@ -113,3 +113,66 @@ def test_describe_is_one_line():
     data.describe({"task": "mqar", "bogus": 1})
   ds = data.make_dataset({"task": "text", "seq_len": 32})
   assert "corpus_bytes=" in ds.describe() and "corpus_bytes=" in repr(ds)
+
+
+def _config_from_argv(*overrides):
+  """The config that ``python -m linear_attention.main`` would build from these flags."""
+  import os
+
+  from absl import flags
+  from ml_collections import config_flags
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  argv = ["prog", f"--config={root}/configs/mqar.py:mixer=mamba2,size=smoke", *overrides]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", default=None, flag_values=fv, sys_argv=argv)
+  fv(argv)
+  return fv.config
+
+
+def test_every_registry_mixer_has_a_dotted_override_subconfig():
+  from configs import common
+  from linear_attention.nn import registry
+  mk = common.mixer_kwargs_config()
+  assert sorted(mk) == sorted(registry.MIXERS)
+  for name in registry.MIXERS:
+    assert set(mk[name]) <= set(registry.mixer_kwargs(name)), name
+  assert mk.gla.chunk_size == 64 and tuple(mk.mamba2.a_init_range) == (1.0, 16.0)
+  assert mk.mamba.a_init_scale == 1.0 and mk.hawk.min_rad == 0.9
+  assert mk.performer.feature_map == "favor+"  # the registry's default, not the class's
+
+
+def test_mixer_kwargs_dotted_overrides_reach_the_layer():
+  import jax
+  import numpy as np
+  from linear_attention.train import trainer
+  c = _config_from_argv("--config.model.mixer_kwargs.gla.chunk_size=128",
+                        "--config.model.mixer_kwargs.mamba2.a_init_range=(0.03,0.5)",
+                        "--config.model.mixer_kwargs.mamba.dt_rank=3",
+                        "--config.model.mixer_kwargs.hawk.min_rad=0.99")
+  mk = c.model.mixer_kwargs
+  assert mk.gla.chunk_size == 128 and tuple(mk.mamba2.a_init_range) == (0.03, 0.5)
+  assert mk.mamba.dt_rank == 3 and mk.hawk.min_rad == 0.99
+  model = trainer.create_model(c.model, 64, "lm", None, 0)
+  a = np.concatenate([np.exp(np.asarray(x)).ravel() for p, x in
+                      jax.tree_util.tree_leaves_with_path(nnx_state(model))
+                      if "A_log" in jax.tree_util.keystr(p)])
+  assert a.size and a.min() >= 0.03 * (1 - 1e-6) and a.max() <= 0.5 * (1 + 1e-6)
+  with pytest.raises(Exception, match="chunk_sise"):
+    _config_from_argv("--config.model.mixer_kwargs.gla.chunk_sise=128")  # a typo is refused
+
+
+def test_default_mixer_kwargs_build_the_same_model():
+  import jax
+  from linear_attention.train import trainer
+  c = _config_from_argv()
+  empty = c.model.to_dict()
+  empty["mixer_kwargs"] = {}
+  a = nnx_state(trainer.create_model(c.model, 64, "lm", None, 0))
+  b = nnx_state(trainer.create_model(empty, 64, "lm", None, 0))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
+def nnx_state(model):
+  from flax import nnx
+  return nnx.state(model, nnx.Param)

@@ -222,3 +222,50 @@ def test_initialisation_ranges():
     assert float(dt.min()) >= 1e-3 * (1 - 1e-4) and float(dt.max()) <= 1e-1 * (1 + 1e-4), name
   gqa = build("softmax")
   assert gqa.k_proj.kernel[...].shape == (D, D // H)  # one kv head of width D / H
+
+
+def _decay(name, seed=0, **kw):
+  return lnn.make_mixer(name, D, H, rngs=nnx.Rngs(seed), **{**lnn.spec(name).tiny, **kw})
+
+
+def test_decay_init_defaults_are_the_reference():
+  mamba = _decay("mamba")
+  n = mamba.A_log[...].shape[-1]
+  np.testing.assert_array_equal(mamba.A_log[...][0], np.log(np.arange(1, n + 1, dtype=np.float32)))
+  for name in ("mamba2", "gated_deltanet", "kda", "gated_deltaproduct", "loglinear_mamba2"):
+    a = np.exp(_decay(name).A_log[...])
+    assert a.min() >= 1.0 and a.max() <= 16.0, name
+    # Passing the documented defaults changes nothing (existing results stay valid).
+    explicit = _decay(name, a_init_range=(1.0, 16.0), dt_min=1e-3, dt_max=1e-1,
+                      dt_init_floor=1e-4)
+    np.testing.assert_array_equal(explicit.A_log[...], _decay(name).A_log[...])
+    np.testing.assert_array_equal(explicit.dt_bias[...], _decay(name).dt_bias[...])
+
+
+def test_decay_init_options_move_the_start():
+  mamba = _decay("mamba", a_init_scale=1 / 32, dt_min=0.01, dt_max=0.02)
+  n = mamba.A_log[...].shape[-1]
+  np.testing.assert_allclose(np.exp(mamba.A_log[...])[0], np.arange(1, n + 1) / 32, rtol=1e-6)
+  dt = jax.nn.softplus(mamba.dt_bias[...])
+  assert float(dt.min()) >= 0.01 * (1 - 1e-4) and float(dt.max()) <= 0.02 * (1 + 1e-4)
+  for name in ("mamba2", "gated_deltanet", "kda"):
+    a = np.exp(_decay(name, a_init_range=(0.03, 0.5)).A_log[...])
+    assert a.min() >= 0.03 * (1 - 1e-6) and a.max() <= 0.5 * (1 + 1e-6), name
+  hawk = _decay("hawk", min_rad=0.99, max_rad=0.9999)
+  a = jax.nn.sigmoid(hawk.log_lambda[...]) ** hawk.c
+  assert float(a.min()) >= 0.99 - 1e-6 and float(a.max()) <= 0.9999 + 1e-6
+
+
+@pytest.mark.parametrize("name,kw,match", [
+    ("mamba", dict(a_init_scale=0.0), "a_init_scale"),
+    ("mamba", dict(dt_min=0.2, dt_max=0.1), "dt_min"),
+    ("mamba2", dict(a_init_range=(2.0, 1.0)), "a_init_range"),
+    ("mamba2", dict(a_init_range=(0.0, 1.0)), "a_init_range"),
+    ("gated_deltanet", dict(dt_init_floor=-1.0), "dt_init_floor"),
+    ("kda", dict(a_init_range=1.0), "a_init_range"),
+    ("hawk", dict(min_rad=0.9, max_rad=1.0), "max_rad"),
+    ("hawk", dict(min_rad=0.0), "min_rad"),
+])
+def test_decay_init_rejects_bad_values(name, kw, match):
+  with pytest.raises(ValueError, match=match):
+    _decay(name, **kw)
