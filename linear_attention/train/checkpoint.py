@@ -76,8 +76,8 @@ class Checkpointer:
     self.directory = os.path.join(self.workdir, CHECKPOINT_DIR)
     self.read_only = read_only
     if read_only:
-      self.manager = ocp.CheckpointManager(
-          self.directory, options=ocp.CheckpointManagerOptions(read_only=True))
+      self._options = ocp.CheckpointManagerOptions(read_only=True)
+      self.manager = ocp.CheckpointManager(self.directory, options=self._options)
       return
     policies = [ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
     if every > 0:  # no save at the first step (orbax's default adds one)
@@ -89,7 +89,26 @@ class Checkpointer:
         create=True,
         cleanup_tmp_directories=True,
     )
+    self._options = options
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def _reopen(self) -> None:
+    """A fresh manager: after a failed restore orbax's keeps what it guessed from the damaged
+    step (a step without ``default/`` made it expect several items, and every older, intact
+    step was then refused too)."""
+    with contextlib.suppress(Exception):
+      self.manager.close()
+    self.manager = ocp.CheckpointManager(self.directory, options=self._options)
+
+  def _missing_data(self, step: int) -> str | None:
+    """Why ``step`` cannot hold a checkpoint without asking orbax (its ``default/`` item
+    folder lost or empty), or None."""
+    item = os.path.join(self.directory, str(step), "default")
+    if not os.path.isdir(item):
+      return f"its data folder {os.path.join(str(step), 'default')}/ is missing"
+    if not os.listdir(item):
+      return f"its data folder {os.path.join(str(step), 'default')}/ is empty"
+    return None
 
   def latest_step(self) -> int | None:
     """The step of the newest complete checkpoint, or None."""
@@ -132,8 +151,9 @@ class Checkpointer:
                      ) -> tuple[int, Any]:
     """Restores the newest checkpoint that can be read into ``target``.
 
-    Each unreadable one (newer than the one restored) is moved to ``checkpoints_unreadable/``
-    and said in one line through ``say``: the step, why, and the step resumed from.
+    Each unreadable one (newer than the one restored: damaged files, or a step folder whose
+    ``default/`` data was lost or emptied) is moved to ``checkpoints_unreadable/``; one line
+    through ``say`` names the skipped steps, why, and the step resumed from.
 
     Returns:
       ``(step, state)``; ``(0, target)`` when there is no checkpoint.
@@ -145,6 +165,12 @@ class Checkpointer:
     failed: list[tuple[int, str]] = []
     noise = io.StringIO()
     for step in sorted(self.manager.all_steps(), reverse=True):
+      missing = self._missing_data(step)
+      if missing:
+        failed.append((step, missing))
+        continue
+      if failed:
+        self._reopen()
       try:
         # A damaged checkpoint makes TensorStore's reader threads print pages of "Event loop
         # is closed" tracebacks; they go to the error log, not the terminal.
@@ -163,10 +189,13 @@ class Checkpointer:
       else:
         self._log(noise.getvalue())
         self._set_aside([s for s, _ in failed])
-        if say is not None:
-          for s, why in failed:
-            say(f"checkpoint {s} in {self.directory} is unreadable ({why}); moved to "
-                f"{UNREADABLE_DIR}/, resuming from step {step}")
+        if say is not None:  # one line for all the skipped steps
+          if len(failed) == 1:
+            what = f"checkpoint {failed[0][0]} in {self.directory} is unreadable ({failed[0][1]})"
+          else:
+            what = (f"checkpoints {', '.join(str(s) for s, _ in failed)} in {self.directory} "
+                    f"are unreadable ({'; '.join(f'{s}: {why}' for s, why in failed)})")
+          say(f"{what}; moved to {UNREADABLE_DIR}/, resuming from step {step}")
       return step, state
     if failed:
       self._log(noise.getvalue())

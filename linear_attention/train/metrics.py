@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 # The one results writer (atomic, NaN -> null); the trainer and the sweep call it from here.
 from linear_attention import io
 from linear_attention.io import write_json  # noqa: F401
 
 METRICS_FILE = "metrics.jsonl"
+DAMAGED_SUFFIX = ".damaged"  # the file as found, when a resume skipped damaged lines
 
 
 def _clean(v: Any) -> Any:
@@ -26,24 +28,52 @@ def _clean(v: Any) -> Any:
   return io.to_jsonable(v.item() if hasattr(v, "item") else v)
 
 
-def read_metrics(workdir: str, split: str | None = None) -> list[dict]:
-  """All records of ``workdir/metrics.jsonl`` (optionally of one ``split``), in order."""
-  path = os.path.join(workdir, METRICS_FILE)
+def _parse(line: bytes) -> tuple[dict | None, str]:
+  """One line of ``metrics.jsonl`` as a record, or ``(None, why)`` when it is damaged."""
+  try:
+    rec = json.loads(line.decode("utf-8"))
+  except UnicodeDecodeError:
+    return None, "not UTF-8"
+  except json.JSONDecodeError:
+    return None, "not JSON"
+  if not isinstance(rec, dict):
+    return None, f"a JSON {type(rec).__name__}, not an object"
+  step = rec.get("step")
+  if isinstance(step, bool) or not isinstance(step, int):
+    return None, f"step {step!r} is not an integer"
+  return rec, ""
+
+
+def scan_metrics(path: str) -> tuple[list[dict], list[tuple[int, str]]]:
+  """The records of a ``metrics.jsonl`` file and its damaged lines ``[(line number, why)]``.
+
+  A last line without its newline (cut short by a kill) is dropped without being counted:
+  that is how a killed run leaves the file, not damage.
+  """
   if not os.path.exists(path):
-    return []
-  out = []
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError:  # a line cut short by a kill
-        continue
-      if split is None or rec.get("split") == split:
-        out.append(rec)
-  return out
+    return [], []
+  with open(path, "rb") as f:
+    lines = f.read().split(b"\n")
+  records, damaged = [], []
+  for i, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    rec, why = _parse(line.strip())
+    if rec is not None:
+      records.append(rec)
+    elif i < len(lines):  # a complete line (the last element follows the last newline)
+      damaged.append((i, why))
+  return records, damaged
+
+
+def read_metrics(workdir: str, split: str | None = None) -> list[dict]:
+  """All records of ``workdir/metrics.jsonl`` (optionally of one ``split``), in order.
+
+  Damaged lines (not UTF-8, not a JSON object, a step that is not an integer) are skipped;
+  :class:`MetricWriter` says so when a run resumes.
+  """
+  records, _ = scan_metrics(os.path.join(workdir, METRICS_FILE))
+  return [r for r in records if split is None or r.get("split") == split]
 
 
 class MetricWriter:
@@ -56,13 +86,20 @@ class MetricWriter:
     enabled: False on non-zero processes of a multi-host run (only process 0 writes).
   """
 
-  def __init__(self, workdir: str, start_step: int = 0, enabled: bool = True):
+  def __init__(self, workdir: str, start_step: int = 0, enabled: bool = True,
+               say: Callable[[str], None] | None = None):
     self.enabled = enabled
     self.path = os.path.join(workdir, METRICS_FILE)
     self._tb = None
     if not enabled:
       return
-    kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step]
+    records, damaged = scan_metrics(self.path)
+    if damaged:  # never a reason to refuse a resume: keep the original, go on without them
+      shutil.copyfile(self.path, self.path + DAMAGED_SUFFIX)
+      (say or (lambda line: print(line, file=sys.stderr, flush=True)))(
+          f"{self.path}: skipped {len(damaged)} damaged line(s) (line {damaged[0][0]}: "
+          f"{damaged[0][1]}); the original is kept as {METRICS_FILE}{DAMAGED_SUFFIX}")
+    kept = [r for r in records if r["step"] <= start_step]
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
       for r in kept:
@@ -124,9 +161,12 @@ class Progress:
       return
     done = step - self.s0
     el = time.time() - self.t0
-    eta = el / done * (self.total - step) if done > 0 else float("nan")
-    print(f"step {step}/{self.total}  loss {loss:.4f}  tokens/s {tokens_per_s:,.0f}  "
-          f"elapsed {el:.1f}s  eta {eta:.1f}s", file=self.stream, flush=True)
+    # The first line after a (re)start has no timed steps yet: it says so rather than
+    # printing "tokens/s 0 ... eta nan".
+    rate = f"tokens/s {tokens_per_s:,.0f}" if tokens_per_s > 0 else "tokens/s n/a (compiling)"
+    eta = f"eta {el / done * (self.total - step):.1f}s" if done > 0 else "eta n/a"
+    print(f"step {step}/{self.total}  loss {loss:.4f}  {rate}  elapsed {el:.1f}s  {eta}",
+          file=self.stream, flush=True)
 
   def restart(self, step: int) -> None:
     """Starts the ETA's clock at ``step`` (after compilation, which would inflate it)."""

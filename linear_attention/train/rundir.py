@@ -2,7 +2,8 @@
 
 A workdir holds ``config.json`` (the config it was trained with), ``checkpoints/``,
 ``metrics.jsonl``, ``tensorboard/``, ``final_metrics.json``, ``run.lock`` (held by the
-process training in it) and, after a failure, ``error.log`` (the tracebacks). Nothing here
+process training in it) and, after a failure, ``error.log`` (the tracebacks; moved into
+``error.resolved.log`` when a later attempt finishes the run). Nothing here
 imports JAX, so the command line and the sweep runner can use it before the heavy imports.
 """
 
@@ -27,6 +28,7 @@ CONFIG_FILE = "config.json"
 FINAL_METRICS_FILE = "final_metrics.json"
 LOCK_FILE = "run.lock"
 ERROR_LOG = "error.log"
+RESOLVED_ERROR_LOG = "error.resolved.log"  # error.log of earlier attempts, once the run finished
 
 # Config sections whose fields may change between runs of one workdir: they set how often
 # the run logs, evaluates and saves, where it runs, and how long (``train.steps``).
@@ -279,3 +281,22 @@ def log_exception(workdir: str, error: BaseException) -> str | None:
   except OSError:
     return None
   return path
+
+
+def resolve_error_log(workdir: str) -> str | None:
+  """Moves ``error.log`` (from an interrupted or failed attempt) into ``error.resolved.log``
+  once the run has finished, so that a finished directory does not look failed; returns the
+  new path, or None when there was no log (best effort: an I/O error leaves it in place)."""
+  src = os.path.join(workdir, ERROR_LOG)
+  if not os.path.exists(src):
+    return None
+  dest = os.path.join(workdir, RESOLVED_ERROR_LOG)
+  try:
+    with open(src) as f:
+      text = f.read()
+    with open(dest, "a") as f:
+      f.write(text)
+    os.remove(src)
+  except OSError:
+    return None
+  return dest

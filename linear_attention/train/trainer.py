@@ -214,10 +214,12 @@ class TrainWindow:
 
   Args:
     checkpoint_dir: named in the non-finite error (the last good state is there).
+    last_checkpoint: returns the newest saved step (None before the first), for that error.
   """
 
-  def __init__(self, checkpoint_dir: str):
+  def __init__(self, checkpoint_dir: str, last_checkpoint=lambda: None):
     self.checkpoint_dir = checkpoint_dir
+    self.last_checkpoint = last_checkpoint
     self._pending: list[tuple[int, dict]] = []
     self._loss: list[float] = []
     self._accuracy: list[float] = []
@@ -253,7 +255,8 @@ class TrainWindow:
         if not bool(m["finite"]):
           raise NonFiniteLossError(non_finite_message(last - n + 1 + i, float(m["loss"]),
                                                       float(m["grad_norm"]),
-                                                      self.checkpoint_dir))
+                                                      self.checkpoint_dir,
+                                                      self.last_checkpoint()))
         self._loss.append(float(m["loss"]))
         self._accuracy.append(float(m["accuracy"]))
     self._pending = []
@@ -462,13 +465,42 @@ def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "va
 EARLY_STOP_METRICS = ("", "accuracy", "loss")
 
 
-def non_finite_message(step: int, loss: float, grad_norm: float, directory: str) -> str:
-  """The stop message of a non-finite step, naming which of the two was not finite."""
+def non_finite_message(step: int, loss: float, grad_norm: float, directory: str,
+                       last_checkpoint: int | None = None) -> str:
+  """The stop message of a non-finite step, naming which of the two was not finite.
+
+  ``last_checkpoint``: the newest saved step (None: none was saved yet). The optimiser
+  settings cannot change in the same workdir (``config.json`` refuses it), so the advice
+  says where a changed setting can go.
+  """
   bad = [n for n, v in (("loss", loss), ("gradient norm", grad_norm)) if not math.isfinite(v)]
-  return (f"non-finite {' and '.join(bad) or 'value'} at step {step} (loss {loss}, gradient "
-          f"norm {grad_norm}); stopping without saving this state. The last checkpoint in "
-          f"{directory} is from before it; try a lower config.optim.lr or a smaller "
-          "config.optim.clip_norm.")
+  head = (f"non-finite {' and '.join(bad) or 'value'} at step {step} (loss {loss}, gradient "
+          f"norm {grad_norm}); stopping without saving this state.")
+  workdir = os.path.dirname(directory)
+  if last_checkpoint is None:
+    return (f"{head} No checkpoint was saved before it. To start over with a lower "
+            f"config.optim.lr or a smaller config.optim.clip_norm, use another --workdir (or "
+            f"delete {workdir}: its config.json fixes the optimiser settings).")
+  return (f"{head} The last checkpoint (step {last_checkpoint}) in {directory} is from before "
+          f"it; rerunning resumes there with the same settings. To change config.optim.lr or "
+          f"config.optim.clip_norm, start over in another --workdir (config.json in {workdir} "
+          "fixes the optimiser settings).")
+
+
+def describe_final(final: Mapping[str, Any]) -> str:
+  """A finished run's final metrics as one readable line."""
+  parts = []
+  for key in ("validation_loss", "validation_accuracy", "validation_bits_per_byte",
+              "train_loss", "train_accuracy"):
+    if isinstance(final.get(key), (int, float)):
+      parts.append(f"{key.replace('_', ' ')} {final[key]:.4f}")
+  if final.get("num_params"):
+    parts.append(f"{int(final['num_params']):,} parameters")
+  if isinstance(final.get("elapsed"), (int, float)):
+    parts.append(f"trained in {final['elapsed']:.0f}s")
+  if final.get("stopped_early"):
+    parts.append("stopped early")
+  return ", ".join(parts) or "no metrics recorded"
 
 
 def early_stop_reached(tcfg: Mapping[str, Any], res: Mapping[str, float]) -> bool:
@@ -574,8 +606,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
     if finished:
       ckpt.close()
       if verbose and lead:
-        print(f"{workdir} already finished at step {done_before['step']}; final metrics: "
-              f"{done_before}", flush=True)
+        print(f"{workdir} already finished at step {done_before['step']}: "
+              f"{describe_final(done_before)}", flush=True)
       return done_before
     # The newest checkpoint that restores; damaged newer ones are set aside and said.
     start, state = ckpt.restore_latest(state, say=say)
@@ -586,7 +618,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
     say(changed)
   if lead:
     rundir.write_config(workdir, config)
-  writer = metrics_lib.MetricWriter(workdir, start, enabled=lead)
+  writer = metrics_lib.MetricWriter(workdir, start, enabled=lead, say=say)
   schedule = optim.lr_schedule(config.optim, total)
   num_params = models.count_params(model)
   tokens_per_step = ds.batch_size * ds.seq_len
@@ -609,7 +641,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
     return res
 
   stopped_at, last_eval = None, None
-  window = TrainWindow(ckpt.directory)
+  window = TrainWindow(ckpt.directory, ckpt.latest_step)
   last_train: dict[str, float] = {}
   per_dispatch = dispatch_steps(tcfg)
   fused_fn = (sharding.under_mesh(make_fused_steps(
@@ -698,6 +730,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   final.update({f"validation_{k}": v for k, v in val.items()})
   if lead:
     metrics_lib.write_json(os.path.join(workdir, FINAL_METRICS_FILE), final)
+    # The run finished: an error.log left by an interrupted attempt must not make the
+    # directory look failed (its text is kept in error.resolved.log).
+    rundir.resolve_error_log(workdir)
   if verbose and lead:
     unit = "nats/token" if ds.kind == "lm" else "nats/example"
     line = f"final validation loss {val['loss']:.4f} {unit}  accuracy {val['accuracy']:.4f}"
