@@ -31,6 +31,12 @@ records the same overrides is reused, a finished one first, so no finished point
 again and an unfinished one resumes from its checkpoints. A directory without a status file
 (a run killed before it recorded one) is matched by its ``<overrides>`` name part instead.
 
+One local sweep runs in a directory at a time: ``sweep.lock`` names it, and a second sweep
+on the same ``--workdir`` refuses at once (exit 2, naming the first); a lock left by a killed
+sweep is taken over. ``--point`` jobs take no sweep lock (an array's tasks share the
+directory); a point whose trainer another process is running is reported ``running
+elsewhere`` and a point another runner finished keeps its ``done`` record.
+
 Stopping the sweep (SIGTERM or SIGINT) stops its trainers too: each gets SIGTERM, saves a
 checkpoint and exits 3 (SIGKILL after ``STOP_GRACE_S``); points not started are left for the
 next rerun, and the summary records them as ``stopped``. Exit status: 0 every point done,
@@ -58,6 +64,9 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from linear_attention.train import metrics as metrics_lib
+from linear_attention.train import rundir
+
+SWEEP_LOCK_FILE = "sweep.lock"  # held by the local sweep running in a directory
 
 STATUS_FILE = "sweep_status.json"
 STOP_GRACE_S = 60.0  # a stopped trainer's time to save its checkpoint before SIGKILL
@@ -358,8 +367,16 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
   rec.update(returncode=returncode, exit_meaning=EXIT_MEANINGS.get(returncode, "crashed"),
              seconds=time.time() - t0)
   metrics = _read_json(os.path.join(workdir, "final_metrics.json"))
+  now = _read_json(status_path)
+  if returncode != 0 and isinstance(now, dict) and now.get("status") == "done":
+    # Another runner (a --point job) finished this point meanwhile: its record stands.
+    return {**now, "skipped": True}
   if returncode == 0 and metrics is not None:
     rec.update(status="done", metrics=metrics)
+  elif returncode == 2 and _held_by_another(workdir):
+    # Refused because another process trains this point now: not a failure, nothing recorded.
+    return {**rec, "returncode": returncode, "status": "running elsewhere",
+            "error": "another process trains this point", "skipped": False}
   else:
     with open(log_path, "rb") as f:
       tail = f.read().decode(errors="replace").strip().splitlines()[-200:]
@@ -372,6 +389,19 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
   if process_id == 0:
     metrics_lib.write_json(status_path, rec)
   return {**rec, "skipped": False}
+
+
+def _held_by_another(point_dir: str) -> bool:
+  """Whether another live process holds the point's ``run.lock``."""
+  if not os.path.exists(os.path.join(point_dir, rundir.LOCK_FILE)):
+    return False
+  try:
+    rundir.WorkdirLock(point_dir).acquire().release()
+  except rundir.errors.WorkdirLockedError:
+    return True
+  except ValueError:
+    return False
+  return False
 
 
 def write_summary(workdir: str, rows: list[dict]) -> None:
@@ -416,6 +446,8 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
 
   Raises:
     ValueError: ``workers`` < 1, or no points.
+    WorkdirLockedError (a ValueError): another live sweep runs in ``workdir`` (its
+      ``sweep.lock``; a lock left by a killed sweep is taken over).
     SweepStoppedError: a signal stopped the sweep (the summary is written first).
   """
   if workers < 1:
@@ -424,6 +456,15 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
   if not points:
     raise ValueError("the sweep has no points.")
   os.makedirs(workdir, exist_ok=True)
+  # One local sweep per directory: a second one would start trainers on the same points,
+  # be refused by their run locks and record finished points as failed.
+  with rundir.WorkdirLock(workdir, SWEEP_LOCK_FILE, "sweep directory", " (another sweep)"):
+    return _run_sweep(config_arg, workdir, workers, extra_flags, points, verbose)
+
+
+def _run_sweep(config_arg: str, workdir: str, workers: int, extra_flags: Sequence[str],
+               points: list[dict], verbose: bool) -> list[dict]:
+  """:func:`run_sweep` in a locked sweep directory."""
   _CHILDREN.stop_at = None
   names = point_dirs(workdir, points)
   _write_plan(config_arg, workdir, extra_flags, points, names)

@@ -84,8 +84,10 @@ class WorkdirLock:
     WorkdirLockedError: another process holds the lock (naming it).
   """
 
-  def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, LOCK_FILE)
+  def __init__(self, workdir: str, name: str = LOCK_FILE, what: str = "workdir",
+               held_by: str = ""):
+    self.path = os.path.join(workdir, name)
+    self.what, self.held_by = what, held_by  # for the refusal: "sweep directory", "a sweep"
     self._fd: int | None = None
     self.took_over: dict | None = None  # the previous holder's record, when it died holding it
 
@@ -111,8 +113,9 @@ class WorkdirLock:
       who = (f"process {h.get('pid')} on {h.get('host')} (started {h.get('started')})"
              if h.get("pid") else "another process")
       raise errors.WorkdirLockedError(
-          f"workdir {os.path.dirname(self.path)!r} is in use by {who}; wait for it to finish "
-          f"or stop it, or use another --workdir.") from None
+          f"{self.what} {os.path.dirname(self.path)!r} is in use by {who}"
+          f"{self.held_by}; wait for it to finish or stop it, or use another --workdir."
+      ) from None
     prev = self.holder()
     if prev and prev.get("pid") and not (prev.get("host") == socket.gethostname()
                                          and prev.get("pid") == os.getpid()):
