@@ -45,7 +45,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels import chunk_decay, flash_attention, scan
+from linear_attention.kernels import chunk_decay, chunk_delta, flash_attention, scan
 
 # ----------------------------------------------------------------------- targets
 
@@ -164,6 +164,25 @@ def _chunk_case(mode, dtype, shape):
   return Case("chunk_decay", f"chunk_decay/{mode}/{dtype}/{shape}", build)
 
 
+def _delta_case(gated, dtype, shape):
+  """The delta rule (Gated DeltaNet when ``gated``), initial and final state."""
+  def build(spec):
+    s, dt = SHAPES[shape], DTYPES[dtype]
+    q = spec((s["b"], s["t"], s["h"], s["k"]), dt)
+    v = spec((s["b"], s["t"], s["h"], s["v"]), dt)
+    beta = spec((s["b"], s["t"], s["h"]), jnp.float32)
+    s0 = spec((s["b"], s["h"], s["k"], s["v"]), jnp.float32)
+    if not gated:
+      fn = lambda q, k, v, beta, s0: chunk_delta.chunk_delta_attention(
+          q, k, v, beta, initial_state=s0, return_state=True)
+      return _program(fn, (q, q, v, beta, s0))
+    fn = lambda q, k, v, beta, g, s0: chunk_delta.chunk_delta_attention(
+        q, k, v, beta, g, initial_state=s0, return_state=True)
+    return _program(fn, (q, q, v, beta, beta, s0))
+  mode = "gated" if gated else "deltanet"
+  return Case("chunk_delta", f"chunk_delta/{mode}/{dtype}/{shape}", build)
+
+
 FLASH_MODES = {
     "causal": dict(causal=True),
     "full_gqa": dict(causal=False, gqa=True),
@@ -207,6 +226,7 @@ def all_cases() -> list[Case]:
   for shape in SHAPES:
     for dtype in DTYPES:
       out += [_chunk_case(mode, dtype, shape) for mode in ("none", "scalar", "vector")]
+      out += [_delta_case(gated, dtype, shape) for gated in (False, True)]
       out += [_flash_case(mode, dtype, shape) for mode in FLASH_MODES]
       out.append(_scan_case(dtype, shape, reverse=shape == "odd"))
   return out
@@ -256,7 +276,7 @@ _PTXAS_FN = re.compile(
     r"Function properties for (\S+)\s+(\d+) bytes stack frame, (\d+) bytes spill stores, "
     r"(\d+) bytes spill loads\s+ptxas info\s+: Used (\d+) registers")
 _THUNK = re.compile(r"\] (\S+) grid: \[([\d, ]+)\] threads: \[([\d, ]+)\]\s+shared_memory: (\d+)")
-KERNEL_PREFIXES = ("chunk_decay_", "flash_attention_", "linear_scan")
+KERNEL_PREFIXES = ("chunk_decay_", "chunk_delta_", "flash_attention_", "linear_scan")
 
 
 def parse_ptxas(log: str) -> dict[str, dict]:
