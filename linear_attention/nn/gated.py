@@ -296,6 +296,8 @@ class Mamba2(mixer.Mixer):
       range starts with a slower decay (longer memory).
     dt_min, dt_max: ``dt = softplus(dt_bias)`` log-uniform in this range per
       head at init (floored at ``dt_init_floor``).
+  ``norm=False`` drops the gated RMSNorm (the output is ``W_out(y * silu(z))``, as in
+  Mamba-1); for ablations.
   """
 
   context_parallel = True
@@ -304,7 +306,8 @@ class Mamba2(mixer.Mixer):
                ngroups: int = 1, conv_width: int = 4, dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
                a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
-               norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               norm_eps: float = 1e-5, norm: bool = True, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
                              a_init_range=a_init_range)
     d_inner = expand * d_model
@@ -322,7 +325,7 @@ class Mamba2(mixer.Mixer):
                                                       dt_max, dt_init_floor), param_dtype)
     self.D = modules.param(jnp.ones((num_heads,)), param_dtype)
     self.norm = modules.HeadNorm(d_inner // ngroups, eps=norm_eps, rngs=rngs,
-                              param_dtype=param_dtype)
+                              param_dtype=param_dtype) if norm else None
     self.out_proj = modules.dense(d_inner, d_model, **kw)
 
   def _split(self, zxbcdt):
@@ -344,7 +347,8 @@ class Mamba2(mixer.Mixer):
 
   def _out(self, y, z):
     y = modules.merge_heads(y) * jax.nn.silu(z)
-    y = modules.merge_heads(self.norm(modules.split_heads(y, self.ngroups)))
+    if self.norm is not None:
+      y = modules.merge_heads(self.norm(modules.split_heads(y, self.ngroups)))
     return self.out_proj(y)
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
