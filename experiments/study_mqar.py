@@ -37,6 +37,8 @@ completed later with the same command.
     python experiments/study_mqar.py              # full size
     python experiments/study_mqar.py --lrs 1e-3,3e-3 --widths 64,128,256   # larger grid
     python experiments/study_mqar.py --lrs 3e-3,1e-3 --mixers mamba,hawk --widths 64  # a subset
+    python experiments/study_mqar.py --mixers mamba,mamba2,hawk --lrs 3e-3 --inits slow \
+        --seq-lens 64 --merge          # the decay-init sweep, added to the committed table
     python experiments/study_mqar.py --smoke      # tiny, for CI
 
 Writes ``<out>/mqar.json`` (every run with its curves and per-setting
@@ -221,6 +223,8 @@ def main() -> int:
   p.add_argument("--lrs", help="comma-separated learning rates, the first trained everywhere "
                  "(default: the size's)")
   p.add_argument("--mixers", help="comma-separated mixers (default: the size's)")
+  p.add_argument("--seq-lens", help="comma-separated sequence lengths among the size's "
+                 "settings (default: all)")
   p.add_argument("--inits", help="comma-separated decay inits among "
                  f"{', '.join(INITS)} (default: default); an init other than default adds "
                  "points only for the mixers it names")
@@ -240,6 +244,12 @@ def main() -> int:
     size["widths"] = tuple(int(w) for w in args.widths.split(","))
   if args.lrs:
     size["lrs"] = tuple(float(x) for x in args.lrs.split(","))
+  if args.seq_lens:
+    lens = {int(t) for t in args.seq_lens.split(",")}
+    known = {t for t, _ in size["settings"]}
+    if not lens <= known:
+      raise ValueError(f"--seq-lens must be among {sorted(known)}; got {sorted(lens - known)}.")
+    size["settings"] = tuple(s for s in size["settings"] if s[0] in lens)
   if args.inits:
     size["inits"] = tuple(args.inits.split(","))
     unknown = sorted(set(size["inits"]) - set(INITS))
