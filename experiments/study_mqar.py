@@ -170,13 +170,16 @@ def later_lr_points(points: list[dict], first_rows: list[dict], threshold: float
 def merge_runs(old: list[dict], new: list[dict]) -> list[dict]:
   """``old`` runs (a previous ``mqar.json``) with ``new`` ones added: a new finished run
   replaces an old one of the same overrides; a new unfinished one does not replace a finished
-  old one (its run folder may be gone, the committed result stays)."""
+  old one (its run folder may be gone, the committed result stays), and a point never run is
+  not added."""
   key = lambda r: tuple(sorted((k, su.flag_text(v)) for k, v in r["overrides"].items()))  # noqa: E731
   out = {key(r): r for r in old}
   for r in old:
     r.setdefault("init", init_of(r["overrides"]))
   for r in new:
     k = key(r)
+    if r["status"] == "not run" and k not in out:  # a --collect of a larger grid
+      continue
     if k not in out or r["status"] == "done" or out[k].get("status") != "done":
       out[k] = r
   return list(out.values())
