@@ -21,6 +21,15 @@ from linear_attention.io import write_json  # noqa: F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
+# Where --smoke writes its results unless --out says otherwise (gitignored): a smoke run never
+# replaces the committed full-size files.
+SMOKE_RESULTS = os.path.join(REPO_ROOT, "runs", "smoke", "studies")
+
+
+def default_out(name: str, smoke: bool) -> str:
+  """A study's results folder: ``results/studies/<name>`` at full size,
+  ``runs/smoke/studies/<name>`` for ``--smoke``."""
+  return os.path.join(SMOKE_RESULTS if smoke else DEFAULT_RESULTS, name)
 
 
 def environment(shared_machine: bool | None = None) -> dict:
@@ -99,6 +108,18 @@ def relative_path(path: str) -> str:
     i = len(parts) - 1 - parts[::-1].index("runs")
     return os.path.join(*parts[i:])
   return rel
+
+
+def portable(obj):
+  """``obj`` (JSON-ready) with every string that is an absolute path made relative
+  (:func:`relative_path`): results files carry no machine's directories."""
+  if isinstance(obj, dict):
+    return {k: portable(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [portable(v) for v in obj]
+  if isinstance(obj, str) and os.path.isabs(obj) and not any(c.isspace() for c in obj):
+    return relative_path(obj)
+  return obj
 
 
 def binomial_se(p: float, n: int) -> float:
@@ -184,7 +205,7 @@ def finish(out_dir: str, name: str, result: dict, table: list[dict],
   Returns:
     The exit status: 1 when a run in ``rows`` failed (listed on stderr), else 0.
   """
-  write_json(os.path.join(out_dir, f"{name}.json"), result)
+  write_json(os.path.join(out_dir, f"{name}.json"), portable(result))
   write_csv(os.path.join(out_dir, f"{name}.csv"), table, [c[0] for c in columns])
   print(format_table(table, columns))
   not_run = [r["point"] for r in rows if r["status"] == "not run"]
@@ -210,11 +231,20 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 def study_args(description: str, name: str):
   """The flags every training study shares: ``--smoke --out --runs --workers``."""
   import argparse
-  p = argparse.ArgumentParser(description=description,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+  class _Parser(argparse.ArgumentParser):
+    def parse_args(self, *a, **kw):  # --out's default depends on --smoke
+      args = super().parse_args(*a, **kw)
+      if args.out is None:
+        args.out = default_out(name, args.smoke)
+      return args
+
+  p = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--smoke", action="store_true", help="tiny size, for CI (under a minute)")
-  p.add_argument("--out", default=os.path.join(DEFAULT_RESULTS, name),
-                 help="results folder (JSON, CSV)")
+  p.add_argument("--out", default=None,
+                 help=f"results folder (JSON, CSV); default results/studies/{name}, or "
+                      f"runs/smoke/studies/{name} with --smoke (the committed results are "
+                      "replaced only when asked)")
   p.add_argument("--runs", default=None,
                  help=f"training runs folder (default: runs/studies/{name}[-smoke]); finished "
                       "runs there are reused")

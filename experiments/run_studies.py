@@ -24,6 +24,7 @@ Each study's output goes to ``runs/studies/logs/<study>.log``.
     python experiments/run_studies.py --notebooks-only         # re-execute the notebooks
     python experiments/run_studies.py --dry-run                # print the commands
     python experiments/run_studies.py --collect --only mqar    # what has finished so far
+    python experiments/run_studies.py --smoke                  # tiny, into runs/smoke/studies
     python experiments/run_studies.py --smoke --results /tmp/la  # tiny, outside the repo
 
 The full sizes take hours on 2 CPU cores: MQAR's 48-point grid at its first
@@ -134,10 +135,11 @@ def main(argv=None) -> int:
   p.add_argument("--notebooks-only", action="store_true",
                  help="run no study: only the claims table and the notebooks")
   p.add_argument("--no-notebooks", action="store_true", help="run the studies only")
-  p.add_argument("--results", default=DEFAULT_RESULTS, help="results folder (default: "
-                 "results/studies)")
+  p.add_argument("--results", default=None, help="results folder (default: results/studies, "
+                 "or runs/smoke/studies with --smoke)")
   p.add_argument("--smoke", action="store_true",
-                 help="tiny sizes (needs --results outside results/studies)")
+                 help="tiny sizes (into runs/smoke/studies unless --results names another "
+                      "folder outside results/studies)")
   p.add_argument("--collect", action="store_true",
                  help="train nothing: the studies whose script takes it write the runs "
                       "finished so far (partial results, said so in the claims); the others "
@@ -146,6 +148,8 @@ def main(argv=None) -> int:
   p.add_argument("--dry-run", action="store_true", help="print the study commands, run nothing")
   a = p.parse_args(argv)
 
+  if a.results is None:
+    a.results = os.path.join(REPO_ROOT, "runs", "smoke", "studies") if a.smoke else DEFAULT_RESULTS
   results = os.path.abspath(a.results)
   in_place = os.path.realpath(results) == os.path.realpath(DEFAULT_RESULTS)
   if a.smoke and in_place:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import glob
+import os
+import re
+
 from tests import helpers
 
 mqar = helpers.load_experiment("study_mqar")
@@ -27,3 +31,81 @@ def test_later_learning_rates_only_for_unsolved_points():
       ("gla", 3), ("mamba", 3), ("softmax", 0)]
   # With nothing finished yet every later point is due.
   assert len(mqar.later_lr_points(points, [], 0.99)) == 4
+
+
+def test_init_sweep_adds_points_only_for_the_mixers_it_names():
+  size = dict(mqar.SMOKE, mixers=("softmax", "gla", "mamba2", "hawk"), inits=("default", "slow"))
+  points = mqar.points_of(size)
+  slow = [p for p in points if mqar.init_of(p) == "slow"]
+  assert sorted(p["model.mixer"] for p in slow) == ["hawk", "mamba2"]
+  assert len(points) == 5 + 2  # 4 mixers with the conv and softmax without, then 2 slow
+  m2 = next(p for p in slow if p["model.mixer"] == "mamba2")
+  assert m2["model.mixer_kwargs.mamba2.a_init_range"] == mqar.INITS["slow"]["mamba2"]["a_init_range"]
+  # A JSON round trip (tuples -> lists) keeps the init's name; other overrides are not an init.
+  assert mqar.init_of({**m2, "model.mixer_kwargs.mamba2.a_init_range": [1 / 32, 0.5]}) == "slow"
+  assert mqar.init_of({**m2, "model.mixer_kwargs.mamba2.a_init_range": [1.0, 2.0]}) == "default"
+  # Each init is its own grid point for the later learning rates.
+  assert mqar.setting_key(m2) != mqar.setting_key({k: v for k, v in m2.items()
+                                                    if "mixer_kwargs" not in k})
+
+
+def _run(mixer, acc, init="default", lr=3e-3, status="done"):
+  o = {"model.mixer": mixer, "model.short_conv": 3, "data.seq_len": 64, "data.num_kv_pairs": 4,
+       "model.d_model": 64, "optim.lr": lr, **mqar.init_overrides(mixer, init)}
+  return {"overrides": o, "status": status, "init": init, "test_accuracy": acc, "test_se": 0.01,
+          "test_queries": 1024, "state_floats": 10, "steps_run": 1000,
+          "metrics": {"num_params": 1, "validation_accuracy": acc}}
+
+
+def test_best_table_tunes_the_init_and_shows_the_default_beside():
+  rows = [_run("mamba2", 0.25), _run("mamba2", 0.9, "slow"), _run("mamba2", 0.2, lr=1e-3),
+          _run("gla", 0.8)]
+  table = {r["mixer"]: r for r in mqar.best_table(rows, mqar.FULL)}
+  assert table["mamba2"]["accuracy"] == 0.9 and table["mamba2"]["best_init"] == "slow"
+  assert table["mamba2"]["default_init_accuracy"] == 0.25
+  assert table["mamba2"]["lr_accuracies"] == {"0.003": 0.25, "0.001": 0.2}
+  assert table["mamba2"]["init_accuracies"] == {"default@0.003": 0.25, "slow@0.003": 0.9,
+                                                "default@0.001": 0.2}
+  assert table["gla"]["best_init"] == "default" and table["gla"]["default_init_accuracy"] == 0.8
+  assert list(table) == ["gla", "mamba2"]  # registry order
+
+
+def test_merge_keeps_committed_runs_and_adds_new_ones():
+  old = [_run("mamba2", 0.25), _run("gla", 0.8)]
+  new = [_run("mamba2", 0.9, "slow"), _run("gla", 0.0, status="not run"),
+         _run("hawk", 0.0, status="not run")]
+  merged = mqar.merge_runs(old, new)
+  accs = sorted((r["overrides"]["model.mixer"], r["init"], r["test_accuracy"]) for r in merged)
+  # The unfinished gla rerun does not replace the committed one; hawk, never run, is not added.
+  assert accs == [("gla", "default", 0.8), ("mamba2", "default", 0.25), ("mamba2", "slow", 0.9)]
+
+
+su = helpers.load_experiment("_study_utils")
+
+
+def test_smoke_results_go_elsewhere_unless_asked(tmp_path):
+  p = su.study_args("doc", "mqar")
+  assert p.parse_args([]).out == su.default_out("mqar", False)
+  smoke = p.parse_args(["--smoke"]).out
+  committed = os.path.join(su.REPO_ROOT, "results", "studies")
+  assert not os.path.realpath(smoke).startswith(os.path.realpath(committed) + os.sep)
+  assert os.path.relpath(smoke, su.REPO_ROOT).startswith("runs" + os.sep)  # gitignored
+  assert p.parse_args(["--smoke", "--out", str(tmp_path)]).out == str(tmp_path)
+  rs = helpers.load_experiment("run_studies")
+  assert rs.study_command("mqar", "/x", smoke=True)[-1] == os.path.join("/x", "mqar")
+
+
+def test_results_carry_no_machine_paths():
+  root = su.REPO_ROOT
+  assert su.relative_path(os.path.join(root, "runs", "studies", "mqar", "000")) == \
+      os.path.join("runs", "studies", "mqar", "000")
+  assert su.relative_path("/elsewhere/runs/studies/mqar/000") == "runs/studies/mqar/000"
+  assert su.portable({"a": ["/x/runs/b", "not /a path"], "n": 3}) == \
+      {"a": ["runs/b", "not /a path"], "n": 3}
+  pattern = re.compile(r'"/(?:work|home|tmp|root|Users|private|mnt|scratch)/')
+  files = glob.glob(os.path.join(root, "results", "studies", "**", "*.json"), recursive=True)
+  files += glob.glob(os.path.join(root, "notebooks", "*.ipynb"))
+  assert files
+  for f in files:
+    with open(f) as fh:
+      assert not pattern.search(fh.read()), f
