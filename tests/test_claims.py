@@ -376,3 +376,36 @@ def test_all_claims_and_cli(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "verdict" in out and claims.summary(rows) in out
   assert claims.to_markdown(rows).count("\n") == len(rows) + 1
+
+
+def _swept(row, inits):
+  """``row`` as the MQAR study writes a point whose decay init was swept: ``inits`` maps an
+  init name to its accuracy; the row's accuracy is the best, the default's beside it."""
+  best = max(inits, key=inits.get)
+  n = row["test_queries"]
+  return dict(row, accuracy=inits[best], se=claims.binomial_se(inits[best], n), best_init=best,
+              default_init_accuracy=inits["default"],
+              default_init_se=claims.binomial_se(inits["default"], n),
+              init_accuracies={f"{k}@0.003": v for k, v in inits.items()})
+
+
+def test_mqar_decay_init_and_mamba2_over_mamba():
+  table = [mq_row("softmax", 0.99)]
+  table += [_swept(mq_row("mamba2", 0), {"default": 0.25, "slow": 0.90}),
+            _swept(mq_row("mamba", 0), {"default": 0.26, "slow": 0.60}),
+            mq_row("gla", 0.8)]
+  rows = claims.mqar_claims(mq_result(table))
+  init = by_claim(rows, "slower initial decay")
+  assert init["verdict"] == claims.REPRODUCED and "default 0.250" in init["ours"]
+  m2 = by_claim(rows, "Mamba-2 recalls better")
+  assert m2["verdict"] == claims.REPRODUCED and "default init only" not in m2["reason"]
+  # The slow init no better than the default (within 2 SE) at one of two points: not reproduced.
+  table[2] = _swept(mq_row("mamba", 0), {"default": 0.26, "slow": 0.27})
+  init = by_claim(claims.mqar_claims(mq_result(table)), "slower initial decay")
+  assert init["verdict"] == claims.NOT_REPRODUCED and "1/2" in init["reason"]
+  # No init swept: not measured; Mamba-2 vs Mamba judged on the default init, and says so.
+  plain = [mq_row("softmax", 0.99), mq_row("mamba2", 0.25), mq_row("mamba", 0.26)]
+  rows = claims.mqar_claims(mq_result(plain))
+  assert by_claim(rows, "slower initial decay")["verdict"] == claims.NOT_MEASURED
+  m2 = by_claim(rows, "Mamba-2 recalls better")
+  assert m2["verdict"] == claims.NOT_REPRODUCED and "default init only" in m2["reason"]
