@@ -18,8 +18,13 @@ recorded and the others still run):
    per-channel decay) of forward and forward+backward for the Pallas kernel,
    the XLA chunk form and, when ``fla`` (wheel ``fla-core``) imports,
    flash-linear-attention's ``chunk_gla`` through torch.
-2. ``scan``: the linear-scan kernel vs ``ops.linear_scan`` and timings.
-3. ``flash``: flash attention (``experiments/gpu_check_flash.py``) vs cuDNN
+2. ``chunk_delta``: the delta-rule chunk kernels vs ``ops.delta_rule``
+   (XLA chunk form) for DeltaNet and Gated DeltaNet, forward and gradients
+   (beta, gate and initial state included); then bfloat16 timings (B=4,
+   T=8192, H=16, K=V=128, Gated DeltaNet) of forward and forward+backward,
+   Pallas against the XLA chunk form.
+3. ``scan``: the linear-scan kernel vs ``ops.linear_scan`` and timings.
+4. ``flash``: flash attention (``experiments/gpu_check_flash.py``) vs cuDNN
    and XLA, with float32 checks against the naive softmax.
 
 At the end it says which ``implementation=None`` default the run has verified
@@ -52,6 +57,7 @@ import numpy as np  # noqa: E402
 from linear_attention import ops  # noqa: E402
 from linear_attention.io import write_json  # noqa: E402
 from linear_attention.kernels import chunk_decay as cd  # noqa: E402
+from linear_attention.kernels import chunk_delta as cdl  # noqa: E402
 from linear_attention.kernels import dispatch  # noqa: E402
 from linear_attention.kernels import scan as scan_kernel  # noqa: E402
 
@@ -185,6 +191,70 @@ def fla_chunk_gla_timings(q, k, v, g, flops, reps) -> dict:
           "fwdbwd_tflops": 3 * flops / ms_fb / 1e9}
 
 
+# ------------------------------------------------------------- delta-rule kernel
+
+
+def _delta_inputs(b, t, h, dk, dv, dtype, seed=0):
+  """Unit keys, sigmoid beta, Gated DeltaNet's gate (logsigmoid / 16), a state."""
+  ks = jax.random.split(jax.random.PRNGKey(seed), 6)
+  q = jax.random.normal(ks[0], (b, t, h, dk), jnp.float32)
+  k = jax.random.normal(ks[1], (b, t, h, dk), jnp.float32)
+  k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+  v = jax.random.normal(ks[2], (b, t, h, dv), jnp.float32)
+  beta = jax.nn.sigmoid(jax.random.normal(ks[3], (b, t, h)))
+  g = jax.nn.log_sigmoid(jax.random.normal(ks[4], (b, t, h))) / 16
+  s0 = jax.random.normal(ks[5], (b, h, dk, dv), jnp.float32)
+  return q.astype(dtype), k.astype(dtype), v.astype(dtype), beta, g, s0
+
+
+def chunk_delta_section(args) -> dict:
+  smoke = args.smoke
+  out = {"checks": {}, "timings": {}}
+  b, t, h, dk, dv = (1, 40, 2, 16, 32) if smoke else (2, 1000, 4, 64, 128)
+  kw = dict(chunk_size=16, block_sizes=cdl.ChunkDeltaBlockSizes(block_v=16)) if smoke else {}
+  names = ("q", "k", "v", "beta", "log_decay", "s0")
+  for gated in (False, True):
+    q, k, v, beta, g, s0 = _delta_inputs(b, t, h, dk, dv, jnp.float32)
+    g = g if gated else None
+    kern = lambda q, k, v, beta, g, s0: cdl.chunk_delta_attention(
+        q, k, v, beta, g, initial_state=s0, return_state=True, **kw)
+    xla = lambda q, k, v, beta, g, s0: ops.delta_rule(
+        q, k, v, beta, g, initial_state=s0, return_state=True, form="chunk",
+        chunk_size=kw.get("chunk_size", 64))
+    argnums = tuple(i for i in range(6) if gated or i != 4)
+    loss = lambda f: jax.jit(jax.grad(
+        lambda *a: jnp.sum(f(*a)[0] ** 2) + jnp.sum(f(*a)[1]), argnums=argnums))
+    o1, s1 = jax.jit(kern)(q, k, v, beta, g, s0)
+    o2, s2 = jax.jit(xla)(q, k, v, beta, g, s0)
+    g1, g2 = loss(kern)(q, k, v, beta, g, s0), loss(xla)(q, k, v, beta, g, s0)
+    errs = {"o": max_rel_err(o1, o2), "state": max_rel_err(s1, s2)}
+    errs.update({f"d{names[i]}": max_rel_err(x, y) for i, x, y in zip(argnums, g1, g2)})
+    errs["ok"] = bool(max(errs.values()) < 1e-3)
+    out["checks"][f"float32_{'gated' if gated else 'deltanet'}"] = errs
+
+  b, t, h, dk, dv = (1, 64, 2, 16, 16) if smoke else (4, 8192, 16, 128, 128)
+  q, k, v, beta, g, _ = _delta_inputs(b, t, h, dk, dv, jnp.bfloat16)
+  flops = chunk_flops(b, t, h, dk, dv)
+  impls = {
+      "pallas": lambda q, k, v, beta, g: cdl.chunk_delta_attention(q, k, v, beta, g, **kw),
+      "xla_chunk": lambda q, k, v, beta, g: ops.delta_rule(q, k, v, beta, g, form="chunk"),
+  }
+  reps = 2 if smoke else 10
+  for name, f in impls.items():
+    fwd = jax.jit(f)
+    fwdbwd = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32)),
+                              argnums=(0, 1, 2, 3, 4)))
+    a = (q, k, v, beta, g)
+    ms_f, ms_fb = timeit(fwd, *a, reps=reps), timeit(fwdbwd, *a, reps=reps)
+    out["timings"][name] = {"fwd_ms": ms_f, "fwdbwd_ms": ms_fb,
+                            "fwd_tflops": flops / ms_f / 1e9, "fwdbwd_tflops": 3 * flops / ms_fb / 1e9}
+  base, other = out["timings"]["pallas"], out["timings"]["xla_chunk"]
+  out["speedup_vs_xla_chunk"] = {"fwd": other["fwd_ms"] / base["fwd_ms"],
+                                 "fwdbwd": other["fwdbwd_ms"] / base["fwdbwd_ms"]}
+  out["shape"] = dict(B=b, T=t, H=h, K=dk, V=dv, dtype="bfloat16", gate="scalar per head")
+  return out
+
+
 # -------------------------------------------------------------------- linear scan
 
 
@@ -251,15 +321,16 @@ def verified_default(result: dict, smoke: bool) -> str:
   if bad:
     return (f"implementation=None default: NOT verified on {device}: {', '.join(bad)} failed; "
             "keep PALLAS_DEFAULT_BACKENDS = () (XLA on GPU).")
-  return (f"implementation=None default: verified on {device} (chunk decay, linear scan and "
-          "flash attention agree with XLA): set PALLAS_DEFAULT_BACKENDS = (\"gpu\",) in "
+  return (f"implementation=None default: verified on {device} (chunk decay, chunk delta, linear "
+          "scan and flash attention agree with XLA): set PALLAS_DEFAULT_BACKENDS = (\"gpu\",) in "
           "linear_attention/kernels/dispatch.py to make the kernels the GPU default.")
 
 
 # --------------------------------------------------------------------------- main
 
 
-SECTIONS = {"chunk_decay": chunk_decay_section, "scan": scan_section, "flash": flash_section}
+SECTIONS = {"chunk_decay": chunk_decay_section, "chunk_delta": chunk_delta_section,
+            "scan": scan_section, "flash": flash_section}
 
 
 def main(argv=None) -> int:
