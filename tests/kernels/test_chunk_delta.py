@@ -134,5 +134,8 @@ def test_bad_arguments():
     cdl.ChunkDeltaBlockSizes(block_v=0)
   with pytest.raises(ValueError, match="beta"):
     cdl.chunk_delta_attention(q, k, v, beta[..., :1], g)
+  assert cdl.unsupported_arguments(q, beta, g, chunk_size=64, platform="gpu") == {}
+  assert "chunk_size" in cdl.unsupported_arguments(q, beta, g, chunk_size=48, platform="gpu")
+  assert cdl.unsupported_arguments(q, beta, g, chunk_size=48, platform="tpu") == {}
   with pytest.raises(ValueError, match="q must be a floating-point"):
     cdl.chunk_delta_attention(q.astype(jnp.int32), k, v, beta, g)

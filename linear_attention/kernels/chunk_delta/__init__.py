@@ -198,13 +198,22 @@ def _prepare(q, k, v, beta, log_decay, seg, scale, c):
 # ------------------------------------------------------------------- public API
 
 
-def unsupported_arguments(q, beta=None, log_decay=None, segment_ids=None) -> dict[str, str]:
+def unsupported_arguments(q, beta=None, log_decay=None, segment_ids=None, chunk_size=None,
+                          platform=None) -> dict[str, str]:
   """``{argument: why}`` for the arguments this kernel cannot take (empty: all fine).
 
-  Only dtypes: packed ``segment_ids`` are supported.
+  Dtypes other than float32/bfloat16/float16, and a ``chunk_size`` the
+  ``platform``'s kernel cannot tile (``None``: the default platform). Packed
+  ``segment_ids`` are supported.
   """
   del segment_ids
-  return dispatch.unsupported_dtypes(q=q, beta=beta, log_decay=log_decay)
+  bad = dispatch.unsupported_dtypes(q=q, beta=beta, log_decay=log_decay)
+  if chunk_size is not None:
+    try:
+      blocks.check_chunk(chunk_size, platform or dispatch.default_platform())
+    except ValueError as e:
+      bad["chunk_size"] = str(e)
+  return bad
 
 
 def chunk_delta_attention(
