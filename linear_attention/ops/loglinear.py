@@ -20,13 +20,19 @@ engine's: ``exp(sum of log_decay over (s, t])``, a scalar per head
 Forms (all agree; the tests prove it):
 
 * ``parallel``: the masked ``T x T`` form with the level of every pair.
-* ``chunk``: level ``l``'s part is the engine's chunk form with keys kept in
-  left halves, queries in right halves and the state reset at every
-  ``2^l``-aligned block; the levels go through the engine as one call
-  (stacked on the batch axis), so the cost is ``O(T log T)``. When levels
-  are shared (``L`` smaller than the positions need, or an initial state at
-  an unknown position), the top level is the plain engine output minus the
-  levels below it.
+* ``chunk``: with ``chunk_size`` rounded down to a power of two ``C = 2^c``, a
+  pair in one chunk has level ``bit_length(i XOR j)`` of its in-chunk offsets, a
+  fixed ``C x C`` pattern: one dense masked score matrix per chunk weighted by
+  ``lambda`` at that pattern. A pair in chunks ``n > m`` has level
+  ``c + bit_length(n XOR m)``: each chunk level is one matmul of the queries
+  against the states of aligned blocks of chunks, summed from the chunk states
+  by a tree (no scan); ``O(T log(T / C))``. Packed segments and an initial
+  state move positions off the chunk grid: those calls take the previous
+  chunk form, one engine pass per level (level ``l``'s keys kept in left
+  halves, queries in right halves, the state reset at every ``2^l``-aligned
+  block, all levels stacked on the batch axis; when levels are shared, the
+  top level is the plain engine output minus the levels below it), about
+  10-20x the plain chunk form.
 * ``recurrent``: token by token through :func:`loglinear_decay_step`'s update,
   with ``O(L)`` states: after a token at position ``p`` with ``r`` trailing
   one bits, levels ``0..r`` merge into level ``r + 1``.
@@ -44,6 +50,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from linear_attention.ops import common, decay, gated
@@ -158,7 +165,8 @@ def _plan(t: int, levels: int, has_initial: bool):
 
 
 def _chunk(q, k, v, g, lam, s0, pos0, seg_info, *, chunk_size, has_initial, implementation):
-  """Each level an engine call (stacked on the batch axis); ``q`` scaled."""
+  """Each level an engine call (stacked on the batch axis); ``q`` scaled. The chunk form of
+  packed segments and initial states, whose positions are off the chunk grid."""
   p, first, seg = seg_info
   b, t, h, dk = q.shape
   dv, levels = v.shape[-1], lam.shape[-1]
@@ -209,6 +217,101 @@ def _chunk(q, k, v, g, lam, s0, pos0, seg_info, *, chunk_size, has_initial, impl
   if has_initial:
     state = state + _carry_initial(s0, pos0, p_end, G[:, -1], first[:, -1])
   return o, (state, p_end)
+
+
+def _fenwick_chunk_size(t: int, chunk_size: int) -> int:
+  """The aligned chunk length: ``chunk_size`` rounded down to a power of two, and no
+  longer than the power of two that holds ``T``."""
+  c = min(chunk_size, 1 << max(t - 1, 0).bit_length())
+  return 1 << (c.bit_length() - 1)
+
+
+def _chunk_fenwick(q, k, v, g, lam, *, chunk):
+  """The chunk form of an aligned sequence (positions ``0..T-1``); ``q`` scaled.
+
+  With ``chunk = 2^c``, a pair in one chunk has level ``bit_length(i XOR j)`` of its in-chunk
+  offsets (a fixed ``C x C`` pattern of levels ``0..c``): one masked score matrix per chunk,
+  weighted by ``lambda_i`` at that pattern. A pair in chunks ``n > m`` has level
+  ``c + bit_length(n XOR m)``: chunk level ``j`` of a query chunk with bit ``j - 1`` set is
+  the aligned block of ``2^(j-1)`` chunks just before its own block, so each level is one
+  matmul of the queries in right halves against the block states of left halves. Block
+  states come from a tree over the chunk states (``O(N)`` in all); no scan.
+  """
+  b, t, h, dk = q.shape
+  dv, levels = v.shape[-1], lam.shape[-1]
+  c = chunk.bit_length() - 1
+  vector = g.ndim == 4
+  qc, kc, vc, gs, lc = (decay._chunks(jnp.swapaxes(x, 1, 2), chunk) for x in (q, k, v, g, lam))
+  n = qc.shape[2]
+  gc = jnp.cumsum(gs, axis=3)  # in-chunk cumulative log decay, [B, H, N, C(, K)]
+  last = gc[:, :, :, -1]  # each chunk's log decay, [B, H, N(, K)]
+  ex = lambda x: x if vector else x[..., None]  # a scalar decay meets a key axis
+
+  # In-chunk pairs: scores times lambda_i at the level pattern (0 above the diagonal).
+  i = np.arange(chunk)
+  causal = i[:, None] >= i[None]
+  pattern = np.minimum(_static_bit_length(i[:, None] ^ i[None]), levels - 1)
+  if vector:
+    scores = decay._intra_scores_vector(qc, kc, gc)
+  else:
+    diff = jnp.where(causal, gc[..., :, None] - gc[..., None, :], -jnp.inf)
+    scores = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc) * jnp.exp(diff)
+  weights = sum(lc[..., :, lvl, None] * (causal & (pattern == lvl))
+                for lvl in range(min(c, levels - 1) + 1))
+  o = jnp.einsum("bhnij,bhnjv->bhniv", scores * weights, vc)
+
+  # Chunk states decayed to their ends, and the queries decayed from their chunk's start.
+  q_in = qc * jnp.exp(ex(gc))
+  local = jnp.einsum("bhnjk,bhnjv->bhnkv", kc * jnp.exp(ex(last[:, :, :, None] - gc)), vc)
+
+  def halves(x, width, axis=2):
+    """Chunk axis -> ``[.., M, 2, width, ..]``: ``M`` pairs of ``width``-chunk blocks."""
+    x = common.pad_axis(x, 2 * width, axis=axis)
+    return x.reshape(x.shape[:axis] + (-1, 2, width) + x.shape[axis + 1:])
+
+  # Chunk levels: blocks of 2^(j-1) chunks and their log decays, level j = 1, 2, ...
+  n_end, rest = t >> c, t & (chunk - 1)  # the final state is read at position T
+  reads = max(n - 1, 0).bit_length()
+  blocks, block_decay, tree = local, last, []
+  for j in range(1, max(reads, n_end.bit_length()) + 1):
+    tree.append(blocks)
+    width = 1 << (j - 1)
+    if j <= reads:
+      lam_j = lc[..., min(c + j, levels - 1), None]
+      right = halves(q_in * lam_j, width)[:, :, :, 1]  # [B, H, M, w, C, K]
+      d = halves(last, width)[:, :, :, 1]  # [B, H, M, w(, K)]: log decays of right halves
+      # From the block's start to each chunk's start (an exclusive sum: no cancellation).
+      d = jnp.cumsum(jnp.concatenate([jnp.zeros_like(d[:, :, :, :1]), d[:, :, :, :-1]], 3), 3)
+      left = halves(blocks, 1)[:, :, :, 0, 0]  # [B, H, M, K, V]: the even blocks
+      o_j = jnp.einsum("bhmwck,bhmkv->bhmwcv", right * jnp.exp(ex(d))[..., None, :], left)
+      o_j = jnp.stack([jnp.zeros_like(o_j), o_j], axis=3)
+      o = o + o_j.reshape(o_j.shape[:2] + (-1,) + o_j.shape[-2:])[:, :, :n]
+    pair = halves(block_decay, 1)[:, :, :, :, 0]  # [B, H, M/2, 2(, K)]
+    blocks = halves(blocks, 1)[:, :, :, :, 0]
+    blocks = jnp.exp(ex(pair[:, :, :, 1]))[..., None] * blocks[:, :, :, 0] + blocks[:, :, :, 1]
+    block_decay = pair[:, :, :, 0] + pair[:, :, :, 1]
+  o = jnp.swapaxes(o.reshape(b, h, n * chunk, dv)[:, :, :t], 1, 2)
+
+  # Final state at position T: the partial last chunk by in-chunk level, then chunk levels.
+  state = jnp.zeros((b, h, levels, dk, dv), q.dtype)
+  if rest:
+    kd = kc[:, :, n_end, :rest] * jnp.exp(ex(last[:, :, n_end, None] - gc[:, :, n_end, :rest]))
+    slot = np.minimum(_static_bit_length(rest ^ np.arange(rest)), levels - 1)
+    state = state + jnp.einsum("bhik,bhiv,il->bhlkv", kd, vc[:, :, n_end, :rest],
+                               np.eye(levels, dtype=np.float32)[slot])
+  for j in range(1, n_end.bit_length() + 1):
+    if (n_end >> (j - 1)) & 1:
+      end = (n_end >> (j - 1)) << (j - 1)  # the block's end, in chunks
+      a = jnp.exp(ex(jnp.sum(last[:, :, end:], axis=2)))[..., None]
+      lvl = min(c + j, levels - 1)
+      state = state.at[:, :, lvl].add(a * tree[j - 1][:, :, (n_end >> (j - 1)) - 1])
+  return o, (state, jnp.full((b,), t, jnp.int32))
+
+
+def _static_bit_length(x) -> np.ndarray:
+  """``bit_length`` of a static (numpy) int array: the level patterns known at trace time."""
+  x = np.asarray(x)
+  return np.vectorize(int.bit_length, otypes=[np.int64])(x) if x.size else x
 
 
 def _trailing_ones(x: Array) -> Array:
@@ -264,6 +367,8 @@ def _forward(q, k, v, g, lam, s0, pos0, segment_ids, *, form, chunk_size, has_in
   seg_info = _positions(b, t, segment_ids, pos0)
   if form == "parallel":
     return _parallel(q, k, v, g, lam, s0, pos0, seg_info, has_initial=has_initial)
+  if segment_ids is None and not has_initial:
+    return _chunk_fenwick(q, k, v, g, lam, chunk=_fenwick_chunk_size(t, chunk_size))
   return _chunk(q, k, v, g, lam, s0, pos0, seg_info, chunk_size=min(chunk_size, t),
                 has_initial=has_initial, implementation=implementation)
 
@@ -310,7 +415,8 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | N
     level_weights: ``[B, T, H, L]`` weights ``lambda_t^(l)``, ``L >= 1``.
     scale: ``None`` means ``K ** -0.5``.
     form: ``"chunk"`` (default), ``"parallel"`` or ``"recurrent"``.
-    chunk_size: chunk length of the engine's chunk form.
+    chunk_size: chunk length of the chunk form (rounded down to a power of two
+      without ``segment_ids`` and ``initial_state``; see the module doc).
     initial_state: optional ``(S [B, H, L, K, V], position [B])`` (the module
       doc's layout); the sequence continues at ``position``.
     return_state: also return the final state.

@@ -130,3 +130,71 @@ def test_no_decay_and_the_kernel_choice():
                        1e-6, 1e-6)
   with pytest.raises(ValueError, match=r"implementation='pallas' is not available"):
     ops.loglinear_decay_attention(q, k, v, None, lam, implementation="pallas")
+
+
+# The Fenwick chunk form (no segments, no initial state): a dense in-chunk part plus one
+# matmul per chunk level. Lengths off the chunk grid and off powers of two, chunk sizes that
+# are not powers of two (rounded down inside) or longer than T, L below what T needs.
+FENWICK_CASES = [  # (T, L, chunk_size)
+    (45, 7, 8),  # 6 chunks: levels 1-3 of chunks, a partial last chunk
+    (64, 8, 8),  # N = 8 exactly: the final state's top bucket is every chunk
+    (100, 5, 10),  # chunk 10 -> 8; L = 5 < 8 levels needed: shared top over chunk levels
+    (37, 3, 16),  # L = 3 < c + 1: the shared top reaches inside the chunk
+    (37, 1, 16),  # one level: plain decayed linear attention weighted by lambda
+    (1, 4, 16),  # one token
+    (20, 9, 64),  # chunk longer than T
+]
+
+
+def _gla_inputs(seed, t, levels, vector):
+  rng = np.random.default_rng(seed)
+  n = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  g = -jax.nn.softplus(n(B, t, H, N) if vector else n(B, t, H))
+  return n(B, t, H, N), n(B, t, H, N), n(B, t, H, P), g, jax.nn.softplus(n(B, t, H, levels))
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
+@pytest.mark.parametrize("t,levels,chunk_size", FENWICK_CASES)
+def test_fenwick_chunk_form_matches_parallel(t, levels, chunk_size, vector):
+  """Output, final state and every gradient (of both) against the parallel form."""
+  args = _gla_inputs(7, t, levels, vector)
+
+  def run(form):
+    return lambda q, k, v, g, lam: ops.loglinear_decay_attention(
+        q, k, v, g, lam, form=form, chunk_size=chunk_size, return_state=True)
+
+  want = helpers.value_and_grads(run("parallel"), args)
+  got = helpers.value_and_grads(run("chunk"), args)
+  helpers.assert_tree_close(got, want, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
+def test_fenwick_state_continues_the_sequence(vector):
+  """The Fenwick chunk form's final state, fed back as an initial state (the per-level
+  path), continues exactly as one call over both parts, and its gradient flows back."""
+  t1, levels = 29, 7
+  q, k, v, g, lam = _gla_inputs(8, 2 * t1, levels, vector)
+  first = lambda x: x[:, :t1]
+  second = lambda x: x[:, t1:]
+
+  def split(q, k, v, g, lam):
+    o1, s = ops.loglinear_decay_attention(*map(first, (q, k, v, g, lam)), form="chunk",
+                                          chunk_size=8, return_state=True)
+    o2 = ops.loglinear_decay_attention(*map(second, (q, k, v, g, lam)), form="chunk",
+                                       chunk_size=8, initial_state=s)
+    return jnp.concatenate([o1, o2], axis=1)
+
+  whole = lambda *a: ops.loglinear_decay_attention(*a, form="chunk", chunk_size=8)
+  helpers.assert_tree_close(helpers.value_and_grads(split, (q, k, v, g, lam)),
+                            helpers.value_and_grads(whole, (q, k, v, g, lam)), 1e-4, 1e-4)
+
+
+def test_fenwick_chunk_form_long_strong_decay():
+  """Strong decays over 16 chunks stay finite and match the parallel form (the block
+  decays are sums of chunk decays, never differences of long cumulative sums)."""
+  q, k, v, g, lam = _gla_inputs(9, 256, 10, True)
+  g = 10.0 * g
+  g = g.at[:, 100].set(-jnp.inf)
+  run = lambda form: ops.loglinear_gla(q, k, v, g, lam, form=form, chunk_size=16,
+                                       return_state=True)
+  helpers.assert_tree_close(run("chunk"), run("parallel"), 1e-4, 1e-4)
