@@ -19,6 +19,9 @@ it (``--variants``):
 * ``no_norm``: the gated RMSNorm over the heads' output -> none (Mamba-1 has none).
 * ``channel_dt``: head dimension 1 (one ``dt`` and one ``A`` per channel, as Mamba-1, with
   ``B, C`` still shared) plus the slow decay.
+* ``linear_bc``: the SiLU after the conv on ``B, C`` (so keys and queries are mostly
+  positive, and every key overlaps every query) -> on ``x`` only; Mamba-1's ``B, C`` are
+  linear projections, signed.
 * ``mamba``: Mamba-1 itself, the positive control at the same budget.
 
 Each run keeps a checkpoint every ``--eval-every`` steps; each is tested on the sparse task
@@ -48,6 +51,7 @@ VARIANTS = {
     "no_norm": {"model.mixer": "mamba2", _M2 + "norm": False},
     "channel_dt": {"model.mixer": "mamba2", "model.num_heads": 128,
                    _M2 + "a_init_range": (1 / 32, 0.5)},
+    "linear_bc": {"model.mixer": "mamba2", _M2 + "bc_activation": False},
     "mamba": {"model.mixer": "mamba"},
 }
 FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=600,

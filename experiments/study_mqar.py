@@ -25,6 +25,11 @@ sequence of ``T`` tokens: the key-value cache for attention (which grows with
 Accuracy is on at least 1,024 fresh test queries per point, with its binomial
 standard error ``sqrt(p (1 - p) / n)``.
 
+Decay init: Mamba, Mamba-2 and Hawk sit near 1/pairs with their reference init at this
+budget; ``--inits`` (``INITS``) adds points for them with another init, and the table keeps
+the best init per point (as the learning rate), with the default init's accuracy beside it.
+``FULL`` sweeps "default" and "slow".
+
 Budget: 2 CPU cores. ``FULL`` trains at most 1,000 steps of 64 sequences
 (64,000 examples) per point, against Zoology's 100,000 examples for 64 epochs
 (6.4M examples); the JSON says so. The learning-rate sweep (``--lrs``) trains
@@ -76,7 +81,7 @@ INITS = {
                 "hawk": {"min_rad": 0.99, "max_rad": 0.9999, "c": 16.0}},
 }
 
-FULL = dict(mixers=MIXERS, widths=(64, 128), lrs=(3e-3, 1e-3), inits=("default",),
+FULL = dict(mixers=MIXERS, widths=(64, 128), lrs=(3e-3, 1e-3), inits=("default", "slow"),
             settings=((64, 4), (128, 8)), vocab=8192, batch=64, steps=1000, eval_every=100,
             eval_batches=2, short_conv=3, no_conv_mixers=("softmax",), early_stop=0.99,
             test_queries=1024, eval_batch_size=64)

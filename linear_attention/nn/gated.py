@@ -297,7 +297,8 @@ class Mamba2(mixer.Mixer):
     dt_min, dt_max: ``dt = softplus(dt_bias)`` log-uniform in this range per
       head at init (floored at ``dt_init_floor``).
   ``norm=False`` drops the gated RMSNorm (the output is ``W_out(y * silu(z))``, as in
-  Mamba-1); for ablations.
+  Mamba-1); ``bc_activation=False`` applies the conv's SiLU to ``x`` only, leaving ``B, C``
+  linear (signed) as Mamba-1's projections are; both for ablations.
   """
 
   context_parallel = True
@@ -306,8 +307,8 @@ class Mamba2(mixer.Mixer):
                ngroups: int = 1, conv_width: int = 4, dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
                a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
-               norm_eps: float = 1e-5, norm: bool = True, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               norm_eps: float = 1e-5, norm: bool = True, bc_activation: bool = True,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
                              a_init_range=a_init_range)
     d_inner = expand * d_model
@@ -318,7 +319,9 @@ class Mamba2(mixer.Mixer):
     conv_dim = d_inner + 2 * ngroups * d_state
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.in_proj = modules.dense(d_model, d_inner + conv_dim + num_heads, **kw)
-    self.conv = modules.ShortConv(conv_dim, conv_width, rngs=rngs, param_dtype=param_dtype)
+    self.bc_activation = bc_activation
+    self.conv = modules.ShortConv(conv_dim, conv_width, activation="silu" if bc_activation else None,
+                                  rngs=rngs, param_dtype=param_dtype)
     self.A_log = modules.param(modules.a_log_init(rngs.params(), (num_heads,), a_init_range),
                                param_dtype)
     self.dt_bias = modules.param(modules.dt_bias_init(rngs.params(), (num_heads,), dt_min,
@@ -337,7 +340,8 @@ class Mamba2(mixer.Mixer):
 
   def _ssd_args(self, xbc):
     di, gn = self.d_inner, self.ngroups * self.d_state
-    x = modules.split_heads(xbc[..., :di], self.num_heads)
+    x = xbc[..., :di] if self.bc_activation else jax.nn.silu(xbc[..., :di])
+    x = modules.split_heads(x, self.num_heads)
     b = modules.split_heads(xbc[..., di:di + gn], self.ngroups)
     c = modules.split_heads(xbc[..., di + gn:], self.ngroups)
     return x, b, c
