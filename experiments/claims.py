@@ -73,6 +73,10 @@ Synthetic tasks (Mamba, Gu & Dao 2023):
   training length); else its lowest accuracy beyond the training length
   >= ``SOLVED``: reproduced; >= ``LEARNED``: reproduced in shape; else not
   reproduced.
+* Mamba-2 learns induction heads (not in the paper; the probe
+  ``mamba2_induction_probe.json`` beside the study's file, one change of
+  Mamba-2 towards Mamba-1 per run): a variant >= ``LEARNED`` on the sparse
+  test: reproduced in shape, naming the change; none: not reproduced.
 * attention with RoPE fails beyond about 2x: not measured when softmax did
   not learn the task at the training length; every tested length beyond 2x
   below ``LEARNED``: reproduced; the first length beyond 2x significantly below
@@ -520,7 +524,14 @@ SYN_CLAIMS = {
                     f"{MAMBA}, table 2", "Mamba 100% up to 1M tokens (trained at 256)"),
     "rope": ("Induction heads: attention with RoPE fails beyond about 2x the training length",
              f"{MAMBA}, table 2", "MHA-RoPE fails beyond about 2x the training length (256)"),
+    "mamba2_probe": ("Induction heads: Mamba-2 learns it at the training length, as Mamba does",
+                     "Dao & Gu 2024 (Mamba-2) report no induction heads; this study's probe "
+                     "(probe_mamba2_induction.py)",
+                     "(not published; Mamba-2 is meant to keep Mamba's selectivity)"),
 }
+# Result files that belong to a study besides ``<study>.json``: loaded into the study's result
+# under their name by :func:`load`.
+COMPANIONS = {"synthetic": ("mamba2_induction_probe",)}
 
 
 def synthetic_claims(result: dict) -> list[dict]:
@@ -650,7 +661,45 @@ def synthetic_claims(result: dict) -> list[dict]:
       else:
         add("rope", show("softmax"), NOT_REPRODUCED,
             f"no drop by > {Z:g} SE at {t1}; {ibudget}")
+  probe = result.get("mamba2_induction_probe")
+  if probe:
+    rows.append(_mamba2_probe_row(probe, at("mamba2", train_len) if "mamba2" in ext else None))
   return _finish(rows, result, result["selective_copying"] + result["induction_heads"])
+
+
+def _mamba2_probe_row(probe: dict, study_m2) -> dict:
+  """The row of the Mamba-2 induction-heads probe: one short run per hypothesis (one change
+  of Mamba-2 towards Mamba-1 each), scored on the sparse test at the training length.
+
+  Rule: a Mamba-2 variant at >= ``LEARNED``: reproduced in shape, the reason naming the
+  change that made it learn (the measured reason); none: not reproduced, listing what was
+  tried. The study's default Mamba-2 is shown first.
+  """
+  cfg = probe.get("config", {})
+  t = cfg.get("seq_len")
+  res = []
+  for r in probe.get("table") or []:
+    if r.get("sparse_test") is not None:
+      res.append((r["variant"], r["mixer"], r["sparse_test"], r.get("sparse_se") or 0.0))
+  n = cfg.get("test_examples")
+  ours = "; ".join(
+      ([f"study default {_acc(*study_m2)}"] if study_m2 else [])
+      + [f"{v} {p:.3f} ± {se:.3f}" for v, _, p, se in res]) or "no finished probe run"
+  budget = (f"probe budget: {cfg.get('steps')} steps of {cfg.get('batch')} dense sequences at "
+            f"T={t} per variant; sparse test at T={t} on {n} sequences; chance "
+            f"{probe.get('chance', 1 / 15):.3f}")
+  learned = [(v, p) for v, m, p, _ in res if m == "mamba2" and p >= LEARNED]
+  claim, source, published = SYN_CLAIMS["mamba2_probe"]
+  if not res:
+    return _row("synthetic", claim, source, published, ours, NOT_MEASURED, budget)
+  if learned:
+    names = ", ".join(f"{v} ({p:.3f})" for v, p in learned)
+    return _row("synthetic", claim, source, published, ours, IN_SHAPE,
+                f"learned (>= {LEARNED}) only with: {names}; the study's default Mamba-2 "
+                f"did not; {budget}")
+  return _row("synthetic", claim, source, published, ours, NOT_REPRODUCED,
+              f"no Mamba-2 variant reached {LEARNED} (variants tried: "
+              f"{', '.join(v for v, m, _, _ in res if m == 'mamba2')}); {budget}")
 
 
 # ----------------------------------------------------------------------------- LM
@@ -935,12 +984,19 @@ def study_claims(study: str, result: dict | None) -> list[dict]:
 
 
 def load(results_dir: str, study: str) -> dict | None:
-  """``<results_dir>/<study>/<study>.json`` as a dict, or None when missing."""
+  """``<results_dir>/<study>/<study>.json`` as a dict, or None when missing; the study's
+  ``COMPANIONS`` files found beside it are added under their names."""
   path = os.path.join(results_dir, study, f"{study}.json")
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    return json.load(f)
+    result = json.load(f)
+  for name in COMPANIONS.get(study, ()):
+    extra = os.path.join(results_dir, study, f"{name}.json")
+    if os.path.exists(extra):
+      with open(extra) as f:
+        result[name] = json.load(f)
+  return result
 
 
 def all_claims(results_dir: str = DEFAULT_RESULTS, studies=STUDIES) -> list[dict]:

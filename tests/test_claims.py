@@ -409,3 +409,21 @@ def test_mqar_decay_init_and_mamba2_over_mamba():
   assert by_claim(rows, "slower initial decay")["verdict"] == claims.NOT_MEASURED
   m2 = by_claim(rows, "Mamba-2 recalls better")
   assert m2["verdict"] == claims.NOT_REPRODUCED and "default init only" in m2["reason"]
+
+
+def test_mamba2_induction_probe_row(tmp_path):
+  def probe(**accs):
+    return {"config": {"seq_len": 256, "steps": 500, "batch": 16, "test_examples": 128},
+            "chance": 1 / 15,
+            "table": [{"variant": v, "mixer": "mamba" if v == "mamba" else "mamba2",
+                       "sparse_test": p, "sparse_se": 0.02} for v, p in accs.items()]}
+  row = claims._mamba2_probe_row(probe(slow_decay=0.07, linear_bc=0.9, mamba=0.99), None)
+  assert row["verdict"] == claims.IN_SHAPE and "linear_bc (0.900)" in row["reason"]
+  row = claims._mamba2_probe_row(probe(slow_decay=0.07, no_norm=0.06), (0.066, 0.011, 512))
+  assert row["verdict"] == claims.NOT_REPRODUCED and "slow_decay, no_norm" in row["reason"]
+  assert row["ours"].startswith("study default 0.066")
+  # load() attaches the probe file to the synthetic result.
+  (tmp_path / "synthetic").mkdir()
+  (tmp_path / "synthetic" / "synthetic.json").write_text(json.dumps({"x": 1}))
+  (tmp_path / "synthetic" / "mamba2_induction_probe.json").write_text(json.dumps(probe(a=0.1)))
+  assert claims.load(str(tmp_path), "synthetic")["mamba2_induction_probe"]["chance"] == 1 / 15
