@@ -26,7 +26,12 @@ B, T, H, K, V = 1, 40, 2, 16, 32  # T: one full chunk of 32 and a partial one
 PATHS = {
     # Sub-chunks of 16 in a chunk of 32: the off-diagonal sub-chunk path runs.
     "gpu": dict(platform="gpu", block_sizes=cd.ChunkDecayBlockSizes(chunk=32, sub_chunk=16, block_v=16)),
-    "tpu": dict(platform="tpu", block_sizes=cd.ChunkDecayBlockSizes(chunk=16, sub_chunk=8, block_v=16)),
+    # The GPU default's split: the sweeps (forward, dk/dv) in chunks of 16, the
+    # stored states (and dq) every 32 steps; T padded to 64.
+    "gpu_split": dict(platform="gpu", block_sizes=cd.ChunkDecayBlockSizes(
+        chunk=16, sub_chunk=16, block_v=16, state_chunk=32)),
+    "tpu": dict(platform="tpu", block_sizes=cd.ChunkDecayBlockSizes(
+        chunk=16, sub_chunk=8, block_v=16, state_chunk=24)),
 }
 
 

@@ -12,7 +12,7 @@ chip: the per-chunk states never go to HBM in the forward pass.
 
 Layout of this package: ``__init__`` (this file: the API, padding and the
 ``custom_vjp``), ``blocks.py`` (tiling, static config and the per-chunk block
-logic ``fwd_block``, ``state_block``, ``bwd_block``) and two thin entry
+logic ``fwd_block``, ``state_block``, ``dq_block``, ``dkv_block``) and two thin entry
 points that share it:
 
 * ``triton.py``, GPU (``pallas_call`` lowered through Triton): grid ``(B, H, V / block_v)``;
@@ -25,13 +25,26 @@ points that share it:
   Blocks are ``(chunk, K)``/``(chunk, block_v)``: chunk a multiple of 8,
   ``block_v`` a multiple of 128 or all of ``V``, the (8, 128) tiling.
 
-The backward pass (``jax.custom_vjp``) recomputes the state entering each chunk
-with a forward sweep (a transient ``[chunks, K, V]`` buffer per head, freed
-after the backward), then sweeps the chunks in reverse carrying ``dS``, the
-gradient of the state, on chip. Gradients summed over ``V`` (``dq``, ``dk``,
-the log decay's) come out per value block and are added up outside.
+The backward pass (``jax.custom_vjp``) has three kernels, as flash attention
+splits its backward, so that no program holds the tiles of all gradients:
 
-Numerics: ``log_decay`` is cumulated inside each chunk (outside the kernel);
+* ``states``: a forward sweep stores the state entering every chunk of
+  ``state_chunk`` steps (a transient float32 ``[T / state_chunk, K, V]``
+  buffer per head, freed after the backward);
+* ``bwd_dq``: ``dq`` from those states and the chunk's own keys, no sweep
+  (on TPU the chunk axis is parallel);
+* ``bwd_dkv``: ``dk``, ``dv`` and the initial state's gradient, sweeping
+  the chunks in reverse carrying ``dS``, the gradient of the state, on chip;
+  it needs no states, so its chunk (``chunk``, shared with the forward) can be
+  shorter than ``state_chunk``.
+
+``dq`` and ``dk`` (sums over ``V``) come out per value block and are added up
+outside. The log decay's gradient is not computed in the kernels: the outputs
+see the decays only through their cumulative sum ``G``, in factors
+``exp(G_i - G_j)``, so ``dL/dG = q dq - k dk`` (plus the final state's share
+at the last step), cumulated in reverse over the sequence in XLA.
+
+Numerics: ``log_decay`` is cumulated inside each chunk (outside the kernels);
 every ``exp`` in the kernel is of a non-positive number. Scalar decays use the
 exact pairwise differences of the ``C x C`` chunk. Per-channel decays cut the
 chunk into sub-chunks: a query sub-chunk reaches earlier keys through the
@@ -49,10 +62,13 @@ XLA for them (or raises for ``implementation="pallas"``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from linear_attention.kernels import dispatch
 from linear_attention.kernels.chunk_decay import blocks, mosaic_tpu, triton
@@ -83,10 +99,19 @@ def _side_inputs(gc, cfg: KernelConfig, n_chunks: int):
   return grow, glc
 
 
-def _forward_call(cfg, q, k, v, gc, s0):
+def _cumulate(g, chunk: int):
+  """The log decay ``[B, H, Tp, W]`` cumulated inside each chunk of ``chunk`` steps."""
+  if g is None:
+    return None
+  b, h, tp, w = g.shape
+  return jnp.cumsum(g.reshape(b, h, tp // chunk, chunk, w), axis=3).reshape(g.shape)
+
+
+def _forward_call(cfg, q, k, v, g, s0):
   b, h, tp, kp = q.shape
   vp = v.shape[-1]
   n_chunks = tp // cfg.chunk
+  gc = _cumulate(g, cfg.chunk)
   grow, glc = _side_inputs(gc, cfg, n_chunks)
   g_kind = "rows_k" if cfg.mode == "vector" else "rows_1"
   out = _call("fwd", cfg, [
@@ -99,72 +124,77 @@ def _forward_call(cfg, q, k, v, gc, s0):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(cfg, q, k, v, gc, s0):
-  """``(o, final_state)`` on padded ``[B, H, Tp, *]`` inputs; ``gc`` the in-chunk
-  cumulative log decay (float32) or None."""
-  return _forward_call(cfg, q, k, v, gc, s0)
+def _core(cfg, q, k, v, g, s0):
+  """``(o, final_state)`` on padded ``[B, H, Tp, *]`` inputs; ``g`` the log decay
+  (float32, ``[B, H, Tp, K]`` or ``[B, H, Tp, 1]``) or None."""
+  return _forward_call(cfg, q, k, v, g, s0)
 
 
-def _core_fwd(cfg, q, k, v, gc, s0):
-  o, st = _forward_call(cfg, q, k, v, gc, s0)
-  return (o, st), (q, k, v, gc, s0, st)
+def _core_fwd(cfg, q, k, v, g, s0):
+  o, st = _forward_call(cfg, q, k, v, g, s0)
+  return (o, st), (q, k, v, g, s0, st)
 
 
 def _core_bwd(cfg, res, cts):
-  q, k, v, gc, s0, st = res
+  """Three kernels: the states entering each chunk of ``cfg.state_chunk`` steps (a
+  forward sweep), ``dq`` from them (no sweep), and ``dk, dv, dS0`` (a reverse sweep
+  over chunks of ``cfg.chunk`` steps; no states). The log decay's gradient follows
+  from ``dq`` and ``dk`` (:func:`_log_decay_grad`)."""
+  q, k, v, g, s0, st = res
   do, dst = cts
   b, h, tp, kp = q.shape
   vp = v.shape[-1]
-  n_chunks = tp // cfg.chunk
   nv = vp // cfg.block_v
-  grow, glc = _side_inputs(gc, cfg, n_chunks)
   g_kind = "rows_k" if cfg.mode == "vector" else "rows_1"
+  part = jax.ShapeDtypeStruct((nv, b, h, tp, kp), jnp.float32)  # summed over value blocks below
+
+  scfg = dataclasses.replace(cfg, chunk=cfg.state_chunk, sub=min(cfg.sub, cfg.state_chunk))
+  n_chunks = tp // scfg.chunk
   shapes = dict(n_chunks=n_chunks, kp=kp, vp=vp)
-  states = _call("states", cfg, [("k", k, "rows_k"), ("v", v, "rows_v"), ("g", gc, g_kind),
-                                 ("glc", glc, "glc"), ("s0", s0, "state")],
+  gc = _cumulate(g, scfg.chunk)
+  grow, glc = _side_inputs(gc, scfg, n_chunks)
+  states = _call("states", scfg, [("k", k, "rows_k"), ("v", v, "rows_v"), ("g", gc, g_kind),
+                                  ("glc", glc, "glc"), ("s0", s0, "state")],
                  [("states", jax.ShapeDtypeStruct((b, h, n_chunks * kp, vp), jnp.float32),
                    "states")], **shapes)["states"]
-  part = jax.ShapeDtypeStruct((nv, b, h, tp, kp), jnp.float32)  # summed over value blocks below
-  dq = _call("bwd_dq", cfg, [
+  dq = _call("bwd_dq", scfg, [
       ("k", k, "rows_k"), ("v", v, "rows_v"), ("do", do, "rows_v"), ("g", gc, g_kind),
       ("grow", grow, "grow"), ("states", states, "states")], [("dq", part, "part_k")],
       **shapes)["dq"]
+
+  n_chunks = tp // cfg.chunk
+  shapes = dict(n_chunks=n_chunks, kp=kp, vp=vp)
+  gc = _cumulate(g, cfg.chunk)
+  grow, glc = _side_inputs(gc, cfg, n_chunks)
   out = _call("bwd_dkv", cfg, [
       ("q", q, "rows_k"), ("k", k, "rows_k"), ("v", v, "rows_v"), ("do", do, "rows_v"),
       ("g", gc, g_kind), ("grow", grow, "grow"), ("glc", glc, "glc"), ("dst", dst, "state")], [
       ("dk", part, "part_k"), ("dv", jax.ShapeDtypeStruct((b, h, tp, vp), jnp.float32), "rows_v"),
       ("ds0", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")],
       reverse=True, **shapes)
+
   dq = jnp.sum(dq, 0) * cfg.scale
   dk = jnp.sum(out["dk"], 0)
-  dgc = None if cfg.mode == "none" else _log_decay_grad(cfg, q, k, dq, dk, st, dst).astype(gc.dtype)
-  return (dq.astype(q.dtype), dk.astype(k.dtype), out["dv"].astype(v.dtype), dgc,
+  dg = None if cfg.mode == "none" else _log_decay_grad(cfg, q, k, dq, dk, st, dst).astype(g.dtype)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), out["dv"].astype(v.dtype), dg,
           out["ds0"].astype(s0.dtype))
 
 
 def _log_decay_grad(cfg, q, k, dq, dk, st, dst):
-  """The gradient w.r.t. ``gc``, the in-chunk cumulative log decay, from ``dq`` and ``dk``.
+  """The log decay's gradient from ``dq`` and ``dk`` (w.r.t. the unscaled query).
 
-  The output sees the log decays only through their cumulative sum ``G`` over
-  the whole sequence, in the factors ``exp(G_i - G_j)`` of query ``i`` and
-  key ``j`` (``G`` of the initial state's "key" is 0) and ``exp(G_T - G_j)``
-  into the final state. So ``dL/dG_t = q_t dq_t - k_t dk_t`` plus, at the last
-  step ``T``, ``sum_v S_T dS_T``. The in-chunk cumulative ``gc`` reaches ``G``
-  through the chunk ends: each chunk's last row also gets every later step's
-  ``dL/dG``, so that the reverse in-chunk cumsum (the transpose of the cumsum
-  in :func:`_chunk_decay`) gives the whole reverse cumsum. Float32;
-  ``[B, H, Tp, K]`` for vector decays, ``[B, H, Tp, 1]`` for scalar ones.
+  The outputs see the log decays only through their cumulative sum ``G`` in
+  the factors ``exp(G_i - G_j)`` between query ``i`` and key ``j`` (the
+  initial state is a key at ``G = 0``) and ``exp(G_T - G_j)`` into the final
+  state. So ``dL/dG_t = q_t dq_t - k_t dk_t``, plus ``sum_v S_T dS_T`` at the
+  last step ``T``, and the log decay at ``s`` gets the sum of ``dL/dG_t``
+  over ``t >= s``. Float32, ``[B, H, Tp, K]`` (vector) or ``[B, H, Tp, 1]`` (scalar).
   """
-  b, h, tp, kp = q.shape
-  n_chunks = tp // cfg.chunk
   d = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
-  end = jnp.sum(st * dst, axis=-1)  # [B, H, K]
+  end = jnp.sum(st * dst, axis=-1)[:, :, None, :]  # [B, H, 1, K]
   if cfg.mode == "scalar":
     d, end = jnp.sum(d, -1, keepdims=True), jnp.sum(end, -1, keepdims=True)
-  d = d.reshape(b, h, n_chunks, cfg.chunk, -1)
-  per_chunk = jnp.sum(d, axis=3)  # [B, H, N, W]
-  later = jnp.cumsum(per_chunk[:, :, ::-1], axis=2)[:, :, ::-1] - per_chunk + end[:, :, None]
-  return d.at[:, :, :, -1].add(later).reshape(b, h, tp, -1)
+  return lax.cumsum(d, axis=2, reverse=True) + end
 
 
 _core.defvjp(_core_fwd, _core_bwd)
@@ -235,18 +265,19 @@ def chunk_decay_attention(
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "platform", "interpret"))
 def _chunk_decay(q, k, v, log_decay, initial_state, *, scale, block_sizes, platform, interpret):
-  """Layout, padding and the in-chunk cumulative decay around :func:`_core`."""
+  """Layout and padding around :func:`_core`."""
   b, t, h, dk = q.shape
   dv = v.shape[-1]
   kp, vp = blocks.pad_dim(dk, platform), blocks.pad_dim(dv, platform)
   bv = blocks.value_block(vp, block_sizes.block_v, platform)
   vp = dispatch.round_up(vp, bv)
   c = block_sizes.chunk
-  tp = dispatch.round_up(t, c)
+  sc = block_sizes.state_chunk or c
+  tp = dispatch.round_up(t, math.lcm(c, sc))
   mode = "none" if log_decay is None else ("scalar" if log_decay.ndim == 3 else "vector")
   cfg = KernelConfig(mode=mode, chunk=c, sub=block_sizes.sub_chunk, block_v=bv,
                      scale=float(scale), platform=platform, interpret=interpret,
-                     exact_dots=jnp.dtype(q.dtype) == jnp.float32,
+                     exact_dots=jnp.dtype(q.dtype) == jnp.float32, state_chunk=sc,
                      num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages)
 
   def layout(x, width):  # [B, T, H, D] -> [B, H, Tp, width], zero padded
@@ -254,17 +285,16 @@ def _chunk_decay(q, k, v, log_decay, initial_state, *, scale, block_sizes, platf
     return jnp.pad(x, ((0, 0), (0, 0), (0, tp - t), (0, width - x.shape[-1])))
 
   qh, kh, vh = layout(q, kp), layout(k, kp), layout(v, vp)
-  gc = None
+  g = None
   if mode != "none":
-    # -inf (a hard reset) would give inf - inf in the cumulative sums: floored
-    # where a single step already decays by exactly 0.
+    # -inf (a hard reset) would give inf - inf in the in-chunk cumulative sums:
+    # floored where a single step already decays by exactly 0. Padding has log
+    # decay 0: the state passes through padded steps unchanged.
     g = common.floor_log_decay(log_decay.astype(jnp.float32))
     g = layout(g if mode == "vector" else g[..., None], kp if mode == "vector" else 1)
-    # Padding has log decay 0: the state passes through padded steps unchanged.
-    gc = jnp.cumsum(g.reshape(b, h, tp // c, c, -1), axis=3).reshape(g.shape)
   s0 = jnp.zeros((b, h, kp, vp), jnp.float32)
   if initial_state is not None:
     s0 = s0.at[:, :, :dk, :dv].set(initial_state.astype(jnp.float32))
-  o, state = _core(cfg, qh, kh, vh, gc, s0)
+  o, state = _core(cfg, qh, kh, vh, g, s0)
   o = jnp.swapaxes(o[:, :, :t, :dv], 1, 2)
   return o, state[:, :, :dk, :dv]

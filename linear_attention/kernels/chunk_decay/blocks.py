@@ -39,11 +39,16 @@ class ChunkDecayBlockSizes:
   """Tiling of the chunk kernel (and, on GPU, its Triton launch parameters).
 
   Attributes:
-    chunk: tokens per chunk (the state is carried across chunks). A power of
-      two >= 16 on GPU, a multiple of 8 on TPU.
+    chunk: tokens per chunk of the sweeps that carry the state (or its
+      gradient) on chip: the forward and the ``dk, dv`` kernel. A power of two
+      >= 16 on GPU, a multiple of 8 on TPU.
     sub_chunk: per-channel decays only: the query/key sub-chunk inside which
       pairs are computed elementwise; divides ``chunk`` (>= 16 on GPU).
     block_v: value columns per program (state ``[K, block_v]``).
+    state_chunk: tokens between the states the backward stores to HBM (its
+      states and ``dq`` kernels; a transient float32 ``[T / state_chunk, K,
+      V]`` per head), ``None``: ``chunk``. Same constraints as ``chunk``;
+      ``min(sub_chunk, state_chunk)`` divides it.
     num_warps, num_stages: GPU only, passed to the Triton compiler params
       (``None``: Triton's defaults).
   """
@@ -52,48 +57,53 @@ class ChunkDecayBlockSizes:
   block_v: int = 64
   num_warps: int | None = None
   num_stages: int | None = None
+  state_chunk: int | None = None
 
   def __post_init__(self):
     for name in ("chunk", "sub_chunk", "block_v"):
       common.check_positive_int(f"block_sizes.{name}", getattr(self, name))
-    for name in ("num_warps", "num_stages"):
+    for name in ("num_warps", "num_stages", "state_chunk"):
       if getattr(self, name) is not None:
         common.check_positive_int(f"block_sizes.{name}", getattr(self, name))
     if self.chunk % self.sub_chunk:
       raise ValueError(f"block_sizes.sub_chunk must divide block_sizes.chunk ({self.chunk}), "
                        f"got {self.sub_chunk}.")
+    sc = self.state_chunk
+    if sc is not None and sc % min(self.sub_chunk, sc):
+      raise ValueError(f"block_sizes.sub_chunk must divide block_sizes.state_chunk ({sc}) "
+                       f"or exceed it, got {self.sub_chunk}.")
 
   @classmethod
   def default(cls, platform: str) -> "ChunkDecayBlockSizes":
     """The default tiling for ``platform``.
 
-    GPU: chunks of 32, value blocks of 32, 8 warps, 2 pipeline stages, chosen
-    from deviceless compiles for H200 and A100 at K = V = 128 (bf16, per-channel
-    decay; ``experiments/compile_report.py``): Triton's defaults (chunk 64,
+    GPU: sweeps in chunks of 16, states stored every 32 steps, value blocks
+    of 32, 8 warps, 2 pipeline stages, chosen from deviceless compiles for
+    H200 and A100 at K = V = 128 (``experiments/compile_report.py``,
+    ``tests/kernels/test_compile_gpu.py``). Triton's defaults (chunk 64,
     block_v 64, 4 warps, 3 stages) asked for 295936 B of shared memory in the
-    forward (232448 available on H100/H200, 166912 on A100); now at most
-    142848 B. One stage spills more registers in the backward than two; 8
-    warps halve the registers per thread of the on-chip ``[chunk, K]`` tiles
-    and the state (16 warps cap a thread at 128 registers and spill more).
-    The backward still spills at K = 128 (measured in
-    ``tests/kernels/test_compile_gpu.py``).
+    forward (232448 available on H100/H200, 166912 on A100). With the backward
+    split, the ``dk, dv`` sweep still needed 255 registers a thread and
+    spilled at chunk 32 (596-1212 B on H200, bf16) and none at 16; ``dq``
+    does not spill at 32, and the states it reads cost half the HBM of 16.
+    4 warps spill more than 8; 1 or 3 stages more than 2.
     """
     if platform == "gpu":
-      return cls(chunk=32, sub_chunk=16, block_v=32, num_warps=8, num_stages=2)
+      return cls(chunk=16, sub_chunk=16, block_v=32, num_warps=8, num_stages=2, state_chunk=32)
     return cls()
 
   def check(self, platform: str, interpret=False) -> None:
     """Raises unless the sizes suit ``platform``'s compiler (in any interpret mode too)."""
     del interpret
-    if platform == "gpu":
-      for name in ("chunk", "sub_chunk"):
-        x = getattr(self, name)
-        if x < 16 or x & (x - 1):
-          raise ValueError(f"block_sizes.{name} must be a power of two >= 16 on GPU "
-                           f"(Triton dot tiles), got {x}.")
-    elif self.chunk % 8 or self.sub_chunk % 8:
-      raise ValueError(f"block_sizes.chunk and sub_chunk must be multiples of 8 on TPU, got "
-                       f"{self.chunk} and {self.sub_chunk}.")
+    for name in ("chunk", "sub_chunk", "state_chunk"):
+      x = getattr(self, name)
+      if x is None:
+        continue
+      if platform == "gpu" and (x < 16 or x & (x - 1)):
+        raise ValueError(f"block_sizes.{name} must be a power of two >= 16 on GPU "
+                         f"(Triton dot tiles), got {x}.")
+      if platform != "gpu" and x % 8:
+        raise ValueError(f"block_sizes.{name} must be a multiple of 8 on TPU, got {x}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +117,7 @@ class KernelConfig:
   platform: str
   interpret: object  # False | True | pltpu.InterpretParams
   exact_dots: bool   # float32 inputs: full-precision dots
+  state_chunk: int = 0  # the backward's states and dq kernels: their chunk
   num_warps: int | None = None
   num_stages: int | None = None
 
@@ -146,19 +157,28 @@ def _row(r, name, start, i, value, cfg: KernelConfig, scale: float = 1.0):
   return jnp.sum(jnp.where(rows == i, value, 0.0), axis=0, keepdims=True)
 
 
-def _pair_rows(r, start, gi, cfg: KernelConfig):
-  """The exact per-channel pairs of one sub-chunk, one query row at a time.
+def _pair_loop(r, start, gi, cfg: KernelConfig, body, carry):
+  """Runs ``carry = body(i, pair, carry)`` over the query rows ``i`` of one sub-chunk.
 
-  Yields ``(i, pair [s, K])`` for each query row ``i``, where
+  ``pair [s, K]`` holds the exact per-channel pairs of row ``i``:
   ``pair[j] = exp(g_i - g_j)`` for keys ``j <= i`` (0 above: both in the
   sub-chunk). Row by row, the live pair tensor is ``[s, K]``, not the
   ``[s, s, K]`` of all pairs at once (which spilled registers on GPU and
-  which Mosaic could not lay out).
+  which Mosaic could not lay out). On GPU the rows are a ``fori_loop``: unrolled,
+  Triton interleaved them and spilled; on TPU they are unrolled (:func:`_row`
+  takes a row out of a value with a static mask there).
   """
   keys = lax.broadcasted_iota(jnp.int32, (gi.shape[0], 1), 0)
-  for i in range(gi.shape[0]):
+
+  def step(i, carry):
     g_i = _row(r, "g", start, i, gi, cfg)
-    yield i, jnp.exp(jnp.where(keys <= i, g_i - gi, -jnp.inf))
+    return body(i, jnp.exp(jnp.where(keys <= i, g_i - gi, -jnp.inf)), carry)
+
+  if cfg.platform == "gpu":
+    return lax.fori_loop(0, gi.shape[0], step, carry)
+  for i in range(gi.shape[0]):
+    carry = step(i, carry)
+  return carry
 
 
 def _scalar_masks(gcol, grow, glast, chunk, mode):
@@ -213,10 +233,11 @@ def fwd_block(r, base, grow, glcol, state, cfg: KernelConfig):
       scores = _dot(qi * jnp.exp(gi - gn), k * jnp.exp(jnp.minimum(gn - g, 0.0)), "nt", cfg, dt)
       o += _dot(jnp.where(earlier < lo, scores, 0.0), v, "nn", cfg, dt)
     # Pairs inside the sub-chunk, exact per channel: o_i += sum_j diag_ij v_j.
-    for row, pair in _pair_rows(r, base + lo, gi, cfg):
+    def pair_step(row, pair, o, lo=lo, qi=qi, ki=ki, vi=vi):
       q_row = _row(r, "q", base + lo, row, qi, cfg, cfg.scale)
       diag = jnp.sum(q_row * ki * pair, axis=1, keepdims=True)  # [s, 1]: keys j of query row
-      o += jnp.where(rows == row, jnp.sum(diag * vi, axis=0, keepdims=True), 0.0)
+      return o + jnp.where(rows == row, jnp.sum(diag * vi, axis=0, keepdims=True), 0.0)
+    o = _pair_loop(r, base + lo, gi, cfg, pair_step, o)
     r["o"][pl.ds(base + lo, s), :] = o.astype(r["o"].dtype)
   return jnp.exp(glcol) * state + _dot(k * jnp.exp(glast - g), v, "tn", cfg, dt)
 
@@ -263,10 +284,11 @@ def dq_block(r, base, grow, state, cfg: KernelConfig):
       dscores = jnp.where(earlier < lo, _dot(doi, v, "nt", cfg, dt), 0.0)
       dq += jnp.exp(gi - gn) * _dot(dscores, k * jnp.exp(jnp.minimum(gn - g, 0.0)), "nn", cfg, dt)
     # Pairs inside the sub-chunk, exact per channel: dq_i = sum_j (do_i . v_j) k_j pair_ij.
-    for row, pair in _pair_rows(r, base + lo, gi, cfg):
+    def pair_step(row, pair, dq, lo=lo, doi=doi, ki=ki, vi=vi):
       do_row = _row(r, "do", base + lo, row, doi, cfg)
       ddiag = jnp.sum(do_row * vi, axis=1, keepdims=True)  # [s, 1] over keys j
-      dq += jnp.where(rows == row, jnp.sum(ddiag * ki * pair, axis=0, keepdims=True), 0.0)
+      return dq + jnp.where(rows == row, jnp.sum(ddiag * ki * pair, axis=0, keepdims=True), 0.0)
+    dq = _pair_loop(r, base + lo, gi, cfg, pair_step, dq)
     r["dq"][pl.ds(base + lo, s), :] = dq.astype(r["dq"].dtype)
 
 
@@ -316,12 +338,13 @@ def dkv_block(r, base, grow, glcol, dstate, cfg: KernelConfig):
       dv += _dot(scores, do, "tn", cfg, dt)
       dk += jnp.exp(gm - gi) * _dot(dscores, q_ref, "tn", cfg, dt)
     # Pairs inside the sub-chunk, exact per channel, one query row at a time.
-    for row, pair in _pair_rows(r, base + lo, gi, cfg):
+    def pair_step(row, pair, dkv, lo=lo, qi=qi, doi=doi, ki=ki, vi=vi):
       q_row = _row(r, "q", base + lo, row, qi, cfg, cfg.scale)
       do_row = _row(r, "do", base + lo, row, doi, cfg)
       diag = jnp.sum(q_row * ki * pair, axis=1, keepdims=True)  # [s, 1] over keys j
-      dv += diag * do_row
-      dk += jnp.sum(do_row * vi, axis=1, keepdims=True) * q_row * pair
+      ddiag = jnp.sum(do_row * vi, axis=1, keepdims=True)
+      return dkv[0] + ddiag * q_row * pair, dkv[1] + diag * do_row
+    dk, dv = _pair_loop(r, base + lo, gi, cfg, pair_step, (dk, dv))
     store("dk", base + lo, dk)
     store("dv", base + lo, dv)
   return jnp.exp(glcol) * dstate + _dot(q * jnp.exp(g), do, "tn", cfg, dt)
