@@ -40,7 +40,35 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+
+INTERRUPTED_MESSAGE = ("error: interrupted; rerun the same command to resume from the last "
+                       "checkpoint (or to start again if none was saved).\n")
+
+
+def _exit_on_interrupt(signum, frame) -> None:
+  """SIGINT outside the training loop (start-up, restore, final evaluation): one line and
+  exit 130 at once, from any point.
+
+  Python's default (a ``KeyboardInterrupt`` wherever the main thread happens to be) went
+  wrong during start-up: raised inside an import, or a library's ``except BaseException``,
+  it was swallowed (the run went on and exited 0) or left a half-imported module, and the
+  interpreter's shutdown with XLA's and orbax's threads still running crashed (exit 139)
+  or hung. Nothing written before training is left half-done by an exit here (the config
+  and metrics files are replaced atomically; the run lock is freed by the kernel). The
+  training loop installs its own handler (a first Ctrl-C saves a checkpoint, exit 3).
+  """
+  os.write(2, INTERRUPTED_MESSAGE.encode())
+  try:
+    sys.stdout.flush()
+  except Exception:  # noqa: BLE001 -- a flush interrupted mid-write; exit regardless
+    pass
+  os._exit(130)
+
+
+if __name__ == "__main__":  # before the heavy imports: an interrupt is never lost
+  signal.signal(signal.SIGINT, _exit_on_interrupt)
 
 
 def _config_path(argv) -> str | None:
@@ -93,7 +121,10 @@ _DISTRIBUTED = []  # non-empty once this process joined a multi-process run
 
 def _fail(msg: str, code: int = 2):
   print(f"error: {msg}", file=sys.stderr, flush=True)
-  if _DISTRIBUTED:
+  if _DISTRIBUTED or code in (3, 130):
+    # A stopped run's threads (XLA, orbax, the batch prefetcher) may still be busy: the
+    # interpreter's shutdown then crashed or hung. The trainer's cleanup (the checkpoint
+    # written, the files closed) has run by now.
     # A failed process must not enter JAX's shutdown barrier at exit: with a peer gone it
     # waits for the heartbeat timeout and then aborts with pages of C++ logs.
     sys.stdout.flush()
@@ -192,10 +223,10 @@ def main(argv) -> None:
                            errors.NonFiniteLossError))
     msg = _one_line(e) if known else f"{type(e).__name__}: {_one_line(e)}"
     _fail(msg + (f" (traceback in {log})" if log and not known else ""), code)
-  except KeyboardInterrupt as e:
+  except KeyboardInterrupt as e:  # a second Ctrl-C in the training loop
+    signal.signal(signal.SIGINT, _exit_on_interrupt)
     rundir.log_exception(os.path.abspath(os.path.expanduser(FLAGS.workdir)), e)
-    _fail("interrupted; rerun the same command to resume from the last checkpoint.",
-          errors.EXIT_INTERRUPTED)
+    _fail(INTERRUPTED_MESSAGE[len("error: "):].strip(), errors.EXIT_INTERRUPTED)
 
 
 def run() -> None:

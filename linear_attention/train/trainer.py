@@ -655,10 +655,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
     return min((step // per_dispatch + 1) * per_dispatch, total)
 
   batches = _HostBatches(ds, chunk_end, prefetch=per_dispatch > 1)
-  progress.message("compiling the training step...")
 
   try:
     with _SigtermFlag() as sigterm, batches:
+      # Said once the loop's handler is in place: from here a first Ctrl-C saves and exits 3.
+      progress.message("compiling the training step...")
       step = start
       while step < total:
         done = chunk_end(step)
