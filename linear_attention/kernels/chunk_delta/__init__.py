@@ -261,6 +261,8 @@ def chunk_delta_attention(
   """
   _, _, _, dk, _ = delta_ops._check_inputs(  # pylint: disable=protected-access
       q, k, v, beta, log_decay, "chunk", chunk_size, initial_state, segment_ids)
+  if block_sizes is None:  # the default depends on the dtype too
+    block_sizes = ChunkDeltaBlockSizes.default(platform or dispatch.default_platform(), q.dtype)
   platform, block_sizes, interpret = dispatch.resolve_launch(
       "chunk_delta_attention", unsupported_arguments(q, beta, log_decay), platform, block_sizes,
       ChunkDeltaBlockSizes, interpret)

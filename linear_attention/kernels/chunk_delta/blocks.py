@@ -18,11 +18,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
-# One tiling and dot policy for both chunk kernels: ``_dot`` rounds operands to the
-# inputs' dtype (bf16 on the tensor cores), full float32 when ``cfg.exact_dots``.
-from linear_attention.kernels.chunk_decay.blocks import _dot, pad_dim, value_block  # noqa: F401
+from linear_attention.kernels.chunk_decay.blocks import pad_dim, value_block  # noqa: F401
 from linear_attention.ops import common
 
 
@@ -46,17 +45,20 @@ class ChunkDeltaBlockSizes:
         common.check_positive_int(f"block_sizes.{name}", getattr(self, name))
 
   @classmethod
-  def default(cls, platform: str) -> "ChunkDeltaBlockSizes":
-    """The default tiling for ``platform``.
+  def default(cls, platform: str, dtype=None) -> "ChunkDeltaBlockSizes":
+    """The default tiling for ``platform`` and the inputs' ``dtype``.
 
-    GPU: value blocks of 32 with 4 warps and 2 stages, from deviceless
-    compiles for H200 and A100 at K = V = 128, chunk 64 (bf16 and float32;
-    ``python -m linear_attention.kernels.aot --cases chunk_delta/...``): no
-    register spills, see the package docstring for the numbers.
+    GPU: value blocks of 32 with 4 warps, from deviceless compiles for H200
+    and A100 at K = V = 128, chunk 64 (``python -m linear_attention.kernels.aot
+    --cases chunk_delta/...``; numbers in the package docstring): 2 pipeline
+    stages for 16-bit inputs (no register spills); 1 stage for float32, whose
+    3-pass TF32 dots with 2 stages asked for 188416 B of shared memory in the
+    forward (166912 available on A100).
     TPU: value blocks of 128 (one lane tile).
     """
     if platform == "gpu":
-      return cls(block_v=32, num_warps=4, num_stages=2)
+      f32 = dtype is not None and jnp.dtype(dtype) == jnp.float32
+      return cls(block_v=32, num_warps=4, num_stages=1 if f32 else 2)
     return cls(block_v=128)
 
   def check(self, platform: str, interpret=False) -> None:
@@ -85,6 +87,24 @@ class KernelConfig:
   exact_dots: bool   # float32 inputs: full-precision dots
   num_warps: int | None = None
   num_stages: int | None = None
+
+
+def _dot(a, b, dims, cfg: KernelConfig, dtype):
+  """``a @ b`` (``"nn"``), ``a @ b.T`` (``"nt"``) or ``a.T @ b`` (``"tn"``), float32 out.
+
+  Operands are rounded to ``dtype`` (the inputs' dtype: bf16 runs on the tensor
+  cores). Float32 inputs (``cfg.exact_dots``): on a GPU, three TF32 tensor-core
+  passes (``TF32_TF32_F32_X3``, float32 accuracy to a few ulps), since Triton's
+  exact float32 dot is a register-resident FMA loop that spilled tens of KB
+  at K = 128; full float32 elsewhere (TPU, interpret mode).
+  """
+  contract = {"nn": ((1,), (0,)), "nt": ((1,), (1,)), "tn": ((0,), (0,))}[dims]
+  precision = None
+  if cfg.exact_dots:
+    native_gpu = cfg.platform == "gpu" and cfg.interpret is False
+    precision = lax.DotAlgorithmPreset.TF32_TF32_F32_X3 if native_gpu else lax.Precision.HIGHEST
+  return lax.dot_general(a.astype(dtype), b.astype(dtype), (contract, ((), ())),
+                         precision=precision, preferred_element_type=jnp.float32)
 
 
 def _rows(ref, start, size):
