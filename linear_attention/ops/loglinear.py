@@ -256,8 +256,11 @@ def _chunk_fenwick(q, k, v, g, lam, *, chunk):
   else:
     diff = jnp.where(causal, gc[..., :, None] - gc[..., None, :], -jnp.inf)
     scores = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc) * jnp.exp(diff)
-  weights = sum(lc[..., :, lvl, None] * (causal & (pattern == lvl))
-                for lvl in range(min(c, levels - 1) + 1))
+  # lambda_i at the pattern, one matmul against the pattern's one-hot (a sum of masked
+  # products per level took 3x the rest of the in-chunk gradient on a CPU).
+  used = min(c, levels - 1) + 1
+  one_hot = np.eye(used, dtype=np.float32)[pattern] * causal[..., None]  # [C, C, used]
+  weights = jnp.einsum("bhnil,isl->bhnis", lc[..., :used], one_hot.astype(q.dtype))
   o = jnp.einsum("bhnij,bhnjv->bhniv", scores * weights, vc)
 
   # Chunk states decayed to their ends, and the queries decayed from their chunk's start.
