@@ -114,6 +114,12 @@ flags.DEFINE_integer("heartbeat_timeout_s", 100,
                      "Multi-host: seconds without a heartbeat after which a process counts as "
                      "dead and the others stop (JAX's default, 100).")
 flags.DEFINE_bool("quiet", False, "No progress output (the final line is still printed).")
+flags.DEFINE_string("sample", None,
+                    "Train nothing: print text the trained byte-level model in --workdir "
+                    "(configs/text_lm.py) writes after this prompt (no --config needed).")
+flags.DEFINE_integer("sample_tokens", 200, "With --sample: bytes to generate.")
+flags.DEFINE_float("temperature", 0.8, "With --sample: sampling temperature (0: greedy).")
+flags.DEFINE_integer("seed", 0, "With --sample: the sampling seed.")
 
 
 _DISTRIBUTED = []  # non-empty once this process joined a multi-process run
@@ -192,6 +198,19 @@ def _one_line(error: BaseException) -> str:
   return lines[0] if lines else type(error).__name__
 
 
+def _sample(workdir: str) -> None:
+  """``--sample=PROMPT``: the prompt and its continuation by the run's newest checkpoint."""
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.ERROR)  # orbax warns that a read-only manager creates nothing
+  from linear_attention.train import results
+  try:
+    text = results.sample_text(workdir, FLAGS.sample, FLAGS.sample_tokens,
+                               temperature=FLAGS.temperature, seed=FLAGS.seed)
+  except Exception as e:  # noqa: BLE001 -- one line and exit 2: nothing was written
+    _fail(_one_line(e))
+  print(text, flush=True)
+
+
 def main(argv) -> None:
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
@@ -199,6 +218,11 @@ def main(argv) -> None:
     _fail(f"unexpected positional arguments {argv[1:]}.")
   if FLAGS.workdir is None:
     _fail("--workdir is required.")
+  if FLAGS.sample is not None:
+    _sample(FLAGS.workdir)
+    return
+  if _CONFIG.value is None:
+    _fail("--config is required (e.g. --config=configs/text_lm.py).")
   try:
     config = _CONFIG.value
     config.lock()  # touch it: a config file that failed to load raises here

@@ -2,7 +2,8 @@
 checkpoint on changed data. Nothing here writes to the workdir, so it is safe on a run
 that is still training.
 
-``load_config`` and ``load_final_metrics`` read plain files and are defined in
+``load_model`` gives the trained model and ``sample_text`` the text a byte-level language
+model writes after a prompt. ``load_config`` and ``load_final_metrics`` read plain files and are defined in
 :mod:`~linear_attention.train.rundir` (the trainer needs them too, and this module imports
 the trainer); every checkpoint read goes through the one wrapper,
 :class:`~linear_attention.train.checkpoint.Checkpointer`, opened read-only.
@@ -36,6 +37,82 @@ def load_checkpoint(workdir: str, step: int | None = None) -> dict:
     return ckpt.restore_raw(step)
   finally:
     ckpt.close()
+
+
+def _restore(workdir: str, config, ds, step: int | None):
+  """The run's model and optimiser state restored from ``step`` (default: the newest that
+  restores): ``(model, graphdef, state, state shardings, mesh, step)``."""
+  model = trainer.create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
+                               int(config.train.seed))
+  opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
+  mesh = sharding.make_mesh(config.mesh)
+  graphdef, state = nnx.split((model, opt))
+  state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
+  state = jax.device_put(state, state_sh)
+  ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
+  try:
+    if step is None:
+      step, state = ckpt.restore_latest(state)
+      if not step:
+        raise ValueError(f"no complete checkpoint in {workdir!r}.")
+    else:
+      state = ckpt.restore(step, state)
+  finally:
+    ckpt.close()
+  model, _ = nnx.merge(graphdef, state)
+  return model, graphdef, state, state_sh, mesh, int(step)
+
+
+def load_model(workdir: str, step: int | None = None):
+  """The trained model of a run directory: ``(model, config, step)``.
+
+  Args:
+    workdir: a run directory of ``train_and_evaluate``.
+    step: the checkpoint (default: the newest that restores).
+
+  Raises:
+    ValueError: not a run directory, or no checkpoint.
+    CheckpointError: checkpoints exist but none restores.
+  """
+  from linear_attention import data
+
+  config = load_config(workdir)
+  model, _, _, _, _, step = _restore(workdir, config, data.make_dataset(config.data), step)
+  return model, config, step
+
+
+def sample_text(workdir: str, prompt: str, max_new_tokens: int = 200, *,
+                temperature: float = 0.8, top_k: int | None = None, seed: int = 0,
+                step: int | None = None) -> str:
+  """Text that a trained byte-level language model (``configs/text_lm.py``) writes after
+  ``prompt``: the prompt, then ``max_new_tokens`` sampled bytes decoded as UTF-8 (an
+  incomplete character is replaced).
+
+  Args:
+    workdir: the run directory; prompt: non-empty text; temperature: 0 is greedy;
+    top_k, seed: sampling (see ``models.generate``); step: the checkpoint (default newest).
+
+  Raises:
+    ValueError: not a text run (another task's tokens are not bytes: use
+      :func:`load_model` and ``models.generate``), an empty prompt, or no checkpoint.
+  """
+  import jax.numpy as jnp
+  import numpy as np
+
+  from linear_attention import models
+
+  config = load_config(workdir)
+  if config.data.get("task") != "text":
+    raise ValueError(f"sample_text needs a byte-level text run (configs/text_lm.py), but "
+                     f"{workdir!r} trained data.task={config.data.get('task')!r}; use "
+                     "load_model() and linear_attention.models.generate for token ids.")
+  ids = np.frombuffer(prompt.encode("utf-8"), np.uint8).astype(np.int32)
+  if not ids.size:
+    raise ValueError("prompt must be non-empty text.")
+  model, _, _ = load_model(workdir, step)
+  out = models.generate(model, jnp.asarray(ids)[None], max_new_tokens, temperature=temperature,
+                        top_k=top_k, key=jax.random.PRNGKey(seed))
+  return bytes(np.asarray(out[0], np.uint8).tolist()).decode("utf-8", errors="replace")
 
 
 def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None = None, *,
@@ -72,23 +149,7 @@ def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None =
     raise ValueError(f"data_overrides {dict(data_overrides)} change the vocabulary/classes from "
                      f"{(trained.vocab_size, trained.num_classes)} to "
                      f"{(ds.vocab_size, ds.num_classes)}; the trained model cannot read them.")
-  model = trainer.create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
-                               int(config.train.seed))
-  opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
-  mesh = sharding.make_mesh(config.mesh)
-  graphdef, state = nnx.split((model, opt))
-  state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
-  state = jax.device_put(state, state_sh)
-  ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
-  try:
-    if step is None:
-      step, state = ckpt.restore_latest(state)
-      if not step:
-        raise ValueError(f"no complete checkpoint in {workdir!r}.")
-    else:
-      state = ckpt.restore(step, state)
-  finally:
-    ckpt.close()
+  model, graphdef, state, state_sh, mesh, step = _restore(workdir, config, ds, step)
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   trainer.check_context_parallel(model, ds, mesh)
   batch_sh = sharding.batch_shardings(next(iter(ds.eval_batches(split=split, num_batches=1))),
