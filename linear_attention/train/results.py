@@ -161,3 +161,41 @@ def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None =
   if config.data.get("task") == "text":
     res["bits_per_byte"] = res["loss"] / math.log(2)
   return {**res, "step": int(step)}
+
+
+def plot_metrics(workdirs: str | list[str], path: str, metric: str = "loss") -> str:
+  """Plots ``metric`` against the step for the train and validation records of one or more
+  run directories (their ``metrics.jsonl``; safe while they train) into the image ``path``.
+
+  Needs matplotlib (``pip install -e ".[notebooks]"``). Returns ``path``.
+
+  Raises:
+    ValueError: a directory without any ``metric`` record.
+  """
+  import os
+
+  import matplotlib
+  matplotlib.use("Agg")  # files only: no display needed
+  import matplotlib.pyplot as plt
+
+  from linear_attention.train import metrics as metrics_lib
+
+  workdirs = [workdirs] if isinstance(workdirs, str) else list(workdirs)
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for wd in workdirs:
+    recs = [r for r in metrics_lib.read_metrics(wd) if isinstance(r.get(metric), (int, float))]
+    if not recs:
+      plt.close(fig)
+      raise ValueError(f"no {metric!r} records in {os.path.join(wd, metrics_lib.METRICS_FILE)!r}.")
+    name = os.path.basename(os.path.normpath(wd))
+    for split, style in (("train", "-"), ("validation", "o--")):
+      pts = [(r["step"], r[metric]) for r in recs if r.get("split") == split]
+      if pts:
+        ax.plot(*zip(*pts), style, label=f"{name} {split}")
+  ax.set_xlabel("step")
+  ax.set_ylabel(metric)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return path

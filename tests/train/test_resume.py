@@ -164,3 +164,13 @@ def test_non_finite_loss_before_the_first_checkpoint_says_how_to_start_over(tmp_
   assert not os.listdir(tmp_path / "run" / "checkpoints")
   later = train.trainer.non_finite_message(5, float("nan"), 1.0, "/w/checkpoints", 4)
   assert "last checkpoint (step 4)" in later and "another --workdir" in later
+
+
+def test_plot_metrics_reads_any_workdir(finished_run, tmp_path):
+  pytest.importorskip("matplotlib")
+  from linear_attention.train import results
+  base, _, _ = finished_run
+  out = results.plot_metrics([str(base)], str(tmp_path / "loss.png"))
+  assert os.path.getsize(out) > 1000
+  with pytest.raises(ValueError, match="no 'nope' records"):
+    results.plot_metrics(str(base), str(tmp_path / "x.png"), metric="nope")
