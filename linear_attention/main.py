@@ -192,6 +192,27 @@ def _maybe_initialize_distributed() -> None:
   _DISTRIBUTED.append(True)
 
 
+_PEER_SIGNS = ("barrier", "deadline_exceeded", "heartbeat", "timeouterror", "gloo",
+               "connection reset", "unavailable", "coordination service")
+
+
+def peer_hint(error: BaseException, distributed: bool) -> str:
+  """For a multi-process run, what a collective's or barrier's timeout means: a peer died.
+
+  JAX's coordination errors name processes as ``task:N`` (the process id); the hint names
+  the ones the message mentions, else says that a peer was lost. Empty for one process or
+  an unrelated error.
+  """
+  text = f"{type(error).__name__}: {error}"
+  if not distributed or not any(w in text.lower() for w in _PEER_SIGNS):
+    return ""
+  import re
+  tasks = sorted({int(t) for t in re.findall(r"task:(\d+)", text)})
+  who = (f"process(es) {', '.join(map(str, tasks))}" if tasks else "another process")
+  return (f"; {who} of this multi-process run was probably lost (killed or stalled): check "
+          "its output, then rerun every process to resume from the last checkpoint")
+
+
 def _one_line(error: BaseException) -> str:
   """The first line of ``error``'s message (orbax and TensorStore messages run to pages)."""
   lines = str(error).strip().splitlines()
@@ -246,6 +267,7 @@ def main(argv) -> None:
     known = isinstance(e, (errors.CheckpointError, errors.DataError, errors.PreemptedError,
                            errors.NonFiniteLossError))
     msg = _one_line(e) if known else f"{type(e).__name__}: {_one_line(e)}"
+    msg += peer_hint(e, bool(_DISTRIBUTED))
     _fail(msg + (f" (traceback in {log})" if log and not known else ""), code)
   except KeyboardInterrupt as e:  # a second Ctrl-C in the training loop
     signal.signal(signal.SIGINT, _exit_on_interrupt)

@@ -174,3 +174,14 @@ def test_plot_metrics_reads_any_workdir(finished_run, tmp_path):
   assert os.path.getsize(out) > 1000
   with pytest.raises(ValueError, match="no 'nope' records"):
     results.plot_metrics(str(base), str(tmp_path / "x.png"), metric="nope")
+
+
+def test_peer_hint_names_the_lost_process():
+  from linear_attention import main
+  barrier = TimeoutError("Barrier timed out. DEADLINE_EXCEEDED: id=x; tasks that did not "
+                         "reach it: /job:jax_worker/replica:0/task:1")
+  hint = main.peer_hint(barrier, distributed=True)
+  assert "process(es) 1 of this multi-process run was probably lost" in hint
+  assert "another process" in main.peer_hint(TimeoutError("barrier timed out"), True)
+  assert main.peer_hint(barrier, distributed=False) == ""
+  assert main.peer_hint(ValueError("bad value"), distributed=True) == ""
