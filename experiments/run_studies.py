@@ -29,8 +29,12 @@ Each study's output goes to ``runs/studies/logs/<study>.log``.
 
 The full sizes take hours on 2 CPU cores: MQAR's 48-point grid at its first
 learning rate alone took about 12 process-hours here (one XLA thread per run,
-runs sharing the cores with other work); the other training studies about 90
-minutes each at most, cost about 25 minutes, approximation about 10.
+runs sharing the cores with other work), and its decay-init sweep (``FULL``:
+the "slow" init for Mamba, Mamba-2 and Hawk at every setting and width) adds 12
+points of 15-60 process-minutes each (Mamba is the slowest); the other training
+studies about 90 minutes each at most, cost about 25 minutes, approximation
+about 10. The committed MQAR results hold the init sweep's points that fitted
+(see ``results/studies/README.md``).
 """
 
 from __future__ import annotations
