@@ -31,7 +31,9 @@ Forms (all agree; the tests prove it):
 * ``parallel``: the explicit ``T' x T'`` form over the ``T' = T R`` sub-steps,
   with dense pairwise per-channel decays ``[T', T', K]`` and the inverse by
   forward substitution; quadratic, for short inputs.
-* ``chunk`` (default): WY / UT-transform chunks, linear in T.
+* ``chunk``: WY / UT-transform chunks, linear in T.
+* ``auto`` (default): :data:`DEFAULT_FORMS` by backend, ``recurrent`` on CPU and
+  ``chunk`` on GPU and TPU; see :func:`resolve_form`.
 
 The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
 the in-chunk inclusive cumulative log decay at sub-step ``i`` (a ``[K]``
@@ -81,6 +83,30 @@ Array = jax.Array
 
 # ------------------------------------------------------------------ the engine
 
+# The form ``form="auto"`` picks per backend. On CPU, by measurement
+# (experiments/bench_delta_forms.py, results/bench_delta_forms_cpu.json; B=1, H=4,
+# K=V=64, XLA's default threads on 2 cores), the token-by-token scan beat the chunk form
+# at every length measured, forward and forward+backward: KDA at T=4k, chunk 1.5-2.6x
+# slower forward and 1.5-4x slower fwd+bwd, RWKV-7 and Gated DeltaProduct alike. Each
+# token's update there is a few passes over a [K, V] state that stays in cache, while the
+# chunk form's per-channel in-chunk scores cost ``exp`` per (pair, channel) in small
+# batched ops. On GPU and TPU the chunk form's matmuls are the fast path.
+DEFAULT_FORMS = {"cpu": "recurrent"}
+
+
+def resolve_form(form: str) -> str:
+  """``form`` checked, with ``"auto"`` replaced by this backend's default form.
+
+  Returns:
+    ``"parallel"``, ``"chunk"`` or ``"recurrent"``: ``"auto"`` gives
+    ``DEFAULT_FORMS.get(jax.default_backend(), "chunk")``.
+
+  Raises:
+    ValueError: ``form`` is not one of those nor ``"auto"``.
+  """
+  common.check_choice("form", form, common.FORMS + ("auto",))
+  return DEFAULT_FORMS.get(jax.default_backend(), "chunk") if form == "auto" else form
+
 
 def _check_like(name: str, x, expected, what: str) -> None:
   common.check_float(name, x)
@@ -119,7 +145,7 @@ def dplr_attention(
     log_decay: Array | None = None,
     *,
     scale: float | None = None,
-    form: str = "chunk",
+    form: str = "auto",
     chunk_size: int = 64,
     initial_state: Array | None = None,
     return_state: bool = False,
@@ -142,7 +168,8 @@ def dplr_attention(
       checked only for concrete values (see
       :func:`~linear_attention.ops.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
-    form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
+    form: ``"auto"`` (default: :func:`resolve_form`, the recurrent form on CPU, the chunk
+      form on GPU and TPU), ``"chunk"`` (linear in T), ``"recurrent"`` or ``"parallel"``.
     chunk_size: tokens per chunk of the chunk form (``chunk_size * R``
       sub-steps; any ``T`` works, padded inside).
     initial_state: optional ``[B, H, K, V]`` state before the first token.
@@ -155,6 +182,7 @@ def dplr_attention(
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with
     ``state`` ``[B, H, K, V]`` in float32 (float64 for float64 inputs).
   """
+  form = resolve_form(form)
   _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
                                  segment_ids)
   o, state = _run(q, k, v, a, b, log_decay, scale=common.resolve_scale(scale, dk), form=form,
@@ -483,7 +511,7 @@ def rwkv7(
     bonus: Array | None = None,
     *,
     scale: float | None = 1.0,
-    form: str = "chunk",
+    form: str = "auto",
     chunk_size: int = 64,
     initial_state: Array | None = None,
     return_state: bool = False,
@@ -523,6 +551,7 @@ def rwkv7(
   """
   bsz, t, h, dk, dv = common.check_qkv(r, k, v, names=("r", "k", "v"))
   _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, t, h))
+  form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   ea, eb = _rwkv7_ab(kappa, a, common.acc_dtype(r.dtype))
@@ -574,7 +603,7 @@ def kda(
     log_alpha: Array,
     *,
     scale: float | None = None,
-    form: str = "chunk",
+    form: str = "auto",
     chunk_size: int = 64,
     initial_state: Array | None = None,
     return_state: bool = False,
@@ -604,6 +633,7 @@ def kda(
   bsz, t, h, dk, dv = common.check_qkv(q, k, v)
   delta_ops._check_beta(beta, (bsz, t, h), "[B, T, H]")
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
+  form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   if normalize_qk:
@@ -675,7 +705,7 @@ def gated_deltaproduct(
     log_decay: Array | None = None,
     *,
     scale: float | None = None,
-    form: str = "chunk",
+    form: str = "auto",
     chunk_size: int = 64,
     initial_state: Array | None = None,
     return_state: bool = False,
@@ -708,6 +738,7 @@ def gated_deltaproduct(
   bsz, t, h, dk = q.shape
   common.check_seq_len(t, "axis 1 of q")
   _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
+  form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   if normalize_qk:
