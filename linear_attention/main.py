@@ -33,7 +33,11 @@ one ``error: ...`` line:
   on, a workdir locked by another live run;
 - 3: stopped by SIGTERM (or a first Ctrl-C) after saving a checkpoint (rerun to resume);
 - 4: the loss or the gradient norm became non-finite (the state was not saved);
-- 130: interrupted (a second Ctrl-C, or one before training began).
+- 130: interrupted (a second Ctrl-C, or one outside the training loop: start-up, final
+  evaluation).
+
+``--workdir=DIR --sample=PROMPT`` trains nothing: it prints the text the byte-level model
+trained in ``DIR`` writes after ``PROMPT`` (``--sample_tokens``, ``--temperature``, ``--seed``).
 """
 
 from __future__ import annotations
