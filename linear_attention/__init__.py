@@ -1,6 +1,22 @@
 """linear_attention: linear and sub-quadratic attention in JAX."""
 
-from linear_attention import _xla_workarounds
+import sys as _sys
+
+if _sys.argv[:1] == ["-m"]:  # `python -m linear_attention.<command>`, while it imports
+  # Ctrl-C while JAX imports: one line and exit 130, as main's own handler does later
+  # (a KeyboardInterrupt inside JAX's import can crash or hang the interpreter's shutdown).
+  import os as _os
+  import signal as _signal
+
+  def _exit_on_interrupt(signum, frame):
+    del signum, frame
+    _os.write(2, b"error: interrupted; rerun the same command to resume from the last "
+                 b"checkpoint (or to start again if none was saved).\n")
+    _os._exit(130)
+
+  _signal.signal(_signal.SIGINT, _exit_on_interrupt)
+
+from linear_attention import _xla_workarounds  # noqa: E402
 
 _xla_workarounds.apply()
 
