@@ -10,10 +10,14 @@ of packed segments and initial states) called on the same arrays. Target: log-li
 
 Shapes as ``experiments/bench/cases.py``: B=1, H=4, D=64 (SSD: P = N = 64, one group of
 B, C), 64-token chunks, L=17 levels, float32. Every ratio divides times of the same run;
-the machine's 2048^2 matmul rate is recorded beside them.
+the machine's 2048^2 matmul rate is recorded beside them. ``*_ms`` are best wall times,
+``*_cpu_ms`` the process CPU time of the same calls (all threads); ratios use wall time.
 
   python experiments/bench_loglinear.py              # T = 1k, 4k, 16k
   python experiments/bench_loglinear.py --smoke      # T = 256, one call each
+  # one core (XLA_FLAGS is recorded in the JSON):
+  XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+      python experiments/bench_loglinear.py --out results/bench_loglinear_cpu_1core.json
 """
 
 from __future__ import annotations
@@ -97,7 +101,8 @@ def main(argv=None) -> None:
     for name, (fn, args, argnums) in _cases(t).items():
       for kind, f in (("fwd", fn), ("fwdbwd", grad_fn(fn, argnums))):
         compiled = jax.jit(f).lower(*args).compile()
-        row[f"{name}_{kind}_ms"] = 1e3 * time_calls(compiled, *args, repeats=repeats)[0]
+        wall, cpu = time_calls(compiled, *args, repeats=repeats)
+        row[f"{name}_{kind}_ms"], row[f"{name}_{kind}_cpu_ms"] = 1e3 * wall, 1e3 * cpu
     for kind in ("fwd", "fwdbwd"):
       for ll, base in (("loglinear_ssd", "ssd"), ("loglinear_ssd_old", "ssd"),
                        ("loglinear_gla", "gla"), ("loglinear_gla_old", "gla")):
