@@ -312,20 +312,26 @@ def dkv_block(r, base, grow, glcol, dstate, cfg: KernelConfig):
     gcol = _rows(r["g"], base, c) if cfg.mode == "scalar" else None
     glast = _rows(r["g"], base + c - 1, 1) if cfg.mode == "scalar" else None
     m, eq, ek, a = _scalar_masks(gcol, grow, glast, c, cfg.mode)
-    # dv before dk: on A100 the other order spilled (248 B, bf16 scalar decay).
-    scores = _dot(q, k, "nt", cfg, dt) * m
-    store("dv", base, _dot(scores, do, "tn", cfg, dt) + _dot(k * ek, dstate, "nn", cfg, dt))
-    dscores = _dot(do, v, "nt", cfg, dt) * m
-    store("dk", base, _dot(dscores, q, "tn", cfg, dt) + ek * _dot(v, dstate, "nt", cfg, dt))
+    grads = {
+        "dk": lambda: _dot(_dot(do, v, "nt", cfg, dt) * m, q, "tn", cfg, dt)
+                      + ek * _dot(v, dstate, "nt", cfg, dt),
+        "dv": lambda: _dot(_dot(q, k, "nt", cfg, dt) * m, do, "tn", cfg, dt)
+                      + _dot(k * ek, dstate, "nn", cfg, dt)}
+    # The order changes the registers ptxas needs: dv first spilled least in
+    # bfloat16 (A100, scalar decay: 0 B, 248 B the other way), dk first in
+    # float32 (H200: 380 B, 3672 B the other way).
+    for name in ("dk", "dv") if cfg.exact_dots else ("dv", "dk"):
+      store(name, base, grads[name]())
     return a * dstate + _dot(q * eq, do, "tn", cfg, dt)
 
   s, n = cfg.sub, cfg.chunk // cfg.sub
   g = _rows(r["g"], base, c)
   glast = _rows(r["g"], base + c - 1, 1)
   later = lax.broadcasted_iota(jnp.int32, (c, s), 0)
-  # dS entering the chunk first, so that the chunk's q and g die early (on A100
-  # this cut the spills of the bf16 per-channel case from 256 B to 24 B).
-  dstate_in = jnp.exp(glcol) * dstate + _dot(q * jnp.exp(g), do, "tn", cfg, dt)
+  entering = lambda: jnp.exp(glcol) * dstate + _dot(q * jnp.exp(g), do, "tn", cfg, dt)
+  # bfloat16: dS entering the chunk first, so that the chunk's q and g die early
+  # (A100 spilled 24 B instead of 256 B); float32: last (H200: 68 B instead of 740 B).
+  dstate_in = None if cfg.exact_dots else entering()
   for i in range(n):
     lo = i * s
     qi = _rows(r["q"], base + lo, s) * cfg.scale
@@ -352,4 +358,4 @@ def dkv_block(r, base, grow, glcol, dstate, cfg: KernelConfig):
     dk, dv = _pair_loop(r, base + lo, gi, cfg, pair_step, (dk, dv))
     store("dk", base + lo, dk)
     store("dv", base + lo, dv)
-  return dstate_in
+  return entering() if dstate_in is None else dstate_in
