@@ -1,10 +1,10 @@
 """Chunk-decay kernel: tiling, static configuration and the per-chunk block logic.
 
 Shared by the Triton (:mod:`.triton`) and Mosaic (:mod:`.mosaic_tpu`) entry
-points: :func:`fwd_block`, :func:`state_block` and :func:`bwd_block` compute
-one chunk from refs addressed at a row offset, so the GPU kernels call them
-inside a ``fori_loop`` over whole-sequence refs and the TPU kernels once per
-grid step on one chunk's blocks.
+points: :func:`fwd_block`, :func:`state_block`, :func:`dq_block` and
+:func:`dkv_block` compute one chunk from refs addressed at a row offset, so
+the GPU kernels call them inside a loop over whole-sequence refs and the TPU
+kernels once per grid step on one chunk's blocks.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Chunk-decay kernel, TPU entry point: ``pallas_call`` for Mosaic.
 
 Grid ``(B, H, V / block_v, chunks)``, the chunk axis sequential
-("arbitrary") with the float32 state in a VMEM scratch that persists across
-it, so Pallas pipelines each chunk's HBM->VMEM copies. Blocks are
+("arbitrary") with the float32 state (or its gradient) in a VMEM scratch that
+persists across it, so Pallas pipelines each chunk's HBM->VMEM copies; the
+``dq`` kernel carries nothing and its chunk axis is parallel. Blocks are
 ``(chunk, K)``/``(chunk, block_v)``: ``chunk`` a multiple of 8, ``block_v`` a
 multiple of 128 or all of ``V`` (the (8, 128) tiling). Per-chunk small
 inputs: ``grow`` (the scalar decay as a row, ``[N, 1, C]``) and ``glc`` (the

@@ -2,7 +2,8 @@
 
 Grid ``(B, H, V / block_v)``: each program sees whole sequences of its
 ``(batch, head)`` as refs and walks the chunks with ``fori_loop``, the float32
-state ``[K, block_v]`` in registers. Triton wants power-of-two blocks and dots
+state ``[K, block_v]`` (or its gradient, in the ``dk, dv`` kernel, last chunk
+first) in registers; the ``dq`` kernel's chunks are independent. Triton wants power-of-two blocks and dots
 of at least 16 rows, so ``K`` and ``V`` arrive zero-padded to powers of two
 >= 16 (:func:`blocks.pad_dim`).
 
