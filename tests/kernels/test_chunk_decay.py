@@ -109,6 +109,23 @@ class TestChunkDecayKernel:
     assert_close(o, ref_o, BF16_RTOL, BF16_ATOL)
     assert_close(s, ref_s, BF16_RTOL, BF16_ATOL)
 
+  def test_bfloat16_gradients(self, path):
+    # The log decay's gradient comes from dq and dk (q dq - k dk, cumulated over
+    # the sequence), which carry bfloat16 dot rounding: every gradient within
+    # 1% of its largest float32 reference value (measured: 0.30-0.49% on all three paths).
+    q, k, v, g, s0 = make("vector", dtype=jnp.bfloat16)
+    f32 = lambda x: x.astype(jnp.float32)
+    out, vjp = jax.vjp(lambda q, k, v, g, s0: cd.chunk_decay_attention(
+        q, k, v, g, initial_state=s0, return_state=True, **path), q, k, v, g, s0)
+    ref, vjp_ref = jax.vjp(lambda q, k, v, g, s0: ops.decay_linear_attention(
+        q, k, v, g, initial_state=s0, return_state=True, form="recurrent"),
+        f32(q), f32(k), f32(v), g, s0)
+    cts = (rand(keys(7, 1)[0], ref[0].shape), rand(keys(8, 1)[0], ref[1].shape))
+    grads = vjp((cts[0].astype(jnp.bfloat16), cts[1]))
+    for name, a, e in zip(("q", "k", "v", "log_decay", "initial_state"), grads, vjp_ref(cts)):
+      err = float(jnp.max(jnp.abs(f32(a) - e)) / jnp.max(jnp.abs(e)))
+      assert err < 1e-2, f"{name}: {err}"
+
 
 def test_dispatch_and_unsupported_arguments():
   q, k, v, g, s0 = make("vector")
