@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 Array = jax.Array
 
@@ -374,3 +377,101 @@ def acc_dtype(*dtypes) -> jnp.dtype:
   """The accumulation dtype: float32 (complex64 for complex inputs), or wider when the inputs are
   (float64 keeps gradient checks precise)."""
   return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
+
+
+# ---------------------------------------------- the delta-rule family's chunk algebra
+# Shared by ops.delta, ops.dplr and the Pallas delta kernel (kernels import only this module).
+
+
+def check_beta(beta: Array, expected, what: str) -> None:
+  """Shape, dtype and, when concrete, the range ``0 <= beta <= 2`` (NaN refused)."""
+  check_float("beta", beta)
+  check_shape("beta", beta, expected, what)
+  # I - beta k k^T is non-expansive for unit keys exactly when beta is in [0, 2].
+  check_range("beta", beta, low=0.0, high=2.0, what="a write strength")
+
+
+def pair_masks(seg_q, seg_k, n: int):
+  """Causal masks ``[..., n, n]``: ``j <= i`` and ``j < i``, within one segment."""
+  incl = jnp.tril(jnp.ones((n, n), bool))
+  if seg_q is not None:
+    incl = incl & (seg_q[..., :, None] == seg_k[..., None, :])
+  strict = incl & ~jnp.eye(n, dtype=bool)
+  return incl, strict
+
+
+def pair_decay(gc, incl):
+  """``exp(G_i - G_j)`` for ``j <= i`` (masked before the ``exp``), else 0; or None."""
+  if gc is None:
+    return None
+  diff = gc[..., :, None] - gc[..., None, :]
+  return jnp.exp(jnp.where(incl, diff, -jnp.inf))
+
+
+@jax.custom_vjp
+def unit_lower_inverse(l):
+  """``(I + l)^{-1}`` for strictly lower-triangular ``l [..., n, n]``, matmuls only.
+
+  Recursive block inversion: starting from the ``1 x 1`` diagonal blocks, pairs
+  of inverted blocks ``A^{-1}, D^{-1}`` with coupling ``C`` (the block of ``l``
+  below ``A``) merge into ``[[A^{-1}, 0], [-D^{-1} C A^{-1}, D^{-1}]]``;
+  ``log2(n)`` levels of batched matmuls. Used instead of a triangular solve,
+  whose CPU custom call is slow and can deadlock XLA's thread pool when two
+  run at once (as in the backward pass).
+  """
+  n = l.shape[-1]
+  p = 1 << (n - 1).bit_length()
+  if p != n:  # Pad to a power of two; the padding block stays the identity.
+    l = jnp.pad(l, [(0, 0)] * (l.ndim - 2) + [(0, p - n), (0, p - n)])
+  lead = l.shape[:-2]
+  mm = functools.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+  inv = jnp.ones(lead + (p, 1, 1), l.dtype)  # [..., blocks, s, s]
+  s = 1
+  while s < p:
+    nb = p // (2 * s)
+    pairs = inv.reshape(lead + (nb, 2, s, s))
+    a_inv, d_inv = pairs[..., 0, :, :], pairs[..., 1, :, :]
+    # Lower-left s x s block of each 2s x 2s diagonal block of l.
+    c = l.reshape(lead + (nb, 2, s, nb, 2, s))[..., :, 1, :, :, 0, :]
+    c = jnp.moveaxis(jnp.diagonal(c, axis1=-4, axis2=-2), -1, -3)  # [..., nb, s, s]
+    low = -mm(d_inv, mm(c, a_inv))
+    top = jnp.concatenate([a_inv, jnp.zeros_like(a_inv)], axis=-1)
+    inv = jnp.concatenate([top, jnp.concatenate([low, d_inv], axis=-1)], axis=-2)
+    s *= 2
+  return inv.reshape(lead + (p, p))[..., :n, :n]
+
+
+def _unit_lower_inverse_fwd(l):
+  x = unit_lower_inverse(l)
+  return x, x
+
+
+def _unit_lower_inverse_bwd(x, dx):
+  # X = (I + L)^{-1} gives dX = -X dL X, so dL = -X^T dX X^T, kept on the strictly lower
+  # triangle (the only entries of l the inverse reads). Two matmuls, against the six levels
+  # of reshapes, diagonals and concatenations that automatic differentiation replays.
+  mm = functools.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+  xt = jnp.swapaxes(x, -1, -2)
+  n = x.shape[-1]
+  return (jnp.where(np.tri(n, k=-1, dtype=bool), -mm(xt, mm(dx, xt)), 0.0),)
+
+
+unit_lower_inverse.defvjp(_unit_lower_inverse_fwd, _unit_lower_inverse_bwd)
+
+
+def unit_lower_inverse_rows(l):
+  """``(I + l)^{-1}`` by forward substitution, one row at a time (reference path).
+
+  Row ``i`` of the inverse is ``e_i - l_i X`` where only the already final rows
+  ``< i`` of ``X`` meet the nonzeros of ``l_i``. ``O(n)`` sequential steps: for
+  the parallel form's short inputs only.
+  """
+  n = l.shape[-1]
+  eye = jnp.eye(n, dtype=l.dtype)
+
+  def row(i, x):
+    new = eye[i] - jnp.einsum("...j,...jk->...k", l[..., i, :], x,
+                              precision=lax.Precision.HIGHEST)
+    return x.at[..., i, :].set(new)
+
+  return lax.fori_loop(0, n, row, jnp.zeros_like(l))

@@ -63,28 +63,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from linear_attention.kernels import chunk_delta as kernel
+from linear_attention.kernels import dispatch
 from linear_attention.ops import common
 
 Array = jax.Array
 
 
-def _check_beta(beta: Array, expected, what: str) -> None:
-  """Shape, dtype and, when concrete, the range ``0 <= beta <= 2``."""
-  common.check_float("beta", beta)
-  common.check_shape("beta", beta, expected, what)
-  values = common.concrete(beta)
-  # Written so that NaN fails too.
-  if values is not None and values.size and not np.all((values >= 0) & (values <= 2)):
-    raise ValueError(
-        "beta must lie in [0, 2] (the transition I - beta k k^T is then "
-        f"non-expansive for unit keys), got values in [{np.nanmin(values)}, "
-        f"{np.nanmax(values)}]."
-    )
-
-
 def _check_inputs(q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids):
   b, t, h, dk, dv = common.check_qkv(q, k, v)
-  _check_beta(beta, (b, t, h), "[B, T, H]")
+  common.check_beta(beta, (b, t, h), "[B, T, H]")
   common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
   common.check_sequence_args(form, chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv))
   return b, t, h, dk, dv
@@ -103,6 +91,7 @@ def delta_rule(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    implementation: str | None = None,
 ):
   """The (gated) delta rule over a sequence.
 
@@ -129,6 +118,16 @@ def delta_rule(
       state crosses a change of id. ``initial_state`` applies to the first
       segment of each row, later segments start from zero; the returned state
       is that at the end of the row.
+    implementation: ``None`` (the Pallas chunk kernel on a backend listed in
+      ``kernels.dispatch.PALLAS_DEFAULT_BACKENDS`` -- none yet -- when it
+      supports the arguments, XLA otherwise and always on CPU), ``"xla"``, or
+      ``"pallas"`` (:mod:`linear_attention.kernels.chunk_delta`: XLA prepares
+      every chunk's UT transform, the kernels run the sequential state pass and
+      its reverse; on CPU in interpret mode, exact but slow). The kernel is the
+      chunk form, with packed segments; another form, a dtype other than
+      float32/bfloat16/float16 or a ``chunk_size`` the platform cannot tile (a
+      power of two >= 16 on GPU, a multiple of 16 on TPU) makes ``"pallas"``
+      raise a ``ValueError``.
 
   Returns:
     ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``
@@ -139,6 +138,13 @@ def delta_rule(
   """
   _, t, _, dk, _ = _check_inputs(
       q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids)
+  unsupported = kernel.unsupported_arguments(q, beta, log_decay, segment_ids, chunk_size)
+  if form != "chunk":
+    unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
+  if dispatch.resolve_implementation(implementation, unsupported):
+    return kernel.chunk_delta_attention(
+        q, k, v, beta, log_decay, scale=scale, chunk_size=chunk_size,
+        initial_state=initial_state, return_state=return_state, segment_ids=segment_ids)
   scale = common.resolve_scale(scale, dk)
   # Only the chunk form depends on chunk_size: keep it out of the others' cache key.
   chunk_size = min(chunk_size, t) if form == "chunk" else 1
@@ -193,7 +199,7 @@ def delta_rule_step(
     state ``[B, H, K, V]`` in the state's dtype.
   """
   b, h, dk, dv = common.check_step_qkv(q, k, v)
-  _check_beta(beta, (b, h), "[B, H]")
+  common.check_beta(beta, (b, h), "[B, H]")
   common.check_log_decay(log_decay, b, h, dk, per_channel=False)
   common.check_step_state("state", state, (b, h, dk, dv), "[B, H, K, V]")
   return _step_forward(q, k, v, beta, log_decay, state, common.resolve_scale(scale, dk))
@@ -237,92 +243,6 @@ def _recurrent(qh, kh, vh, bh, g, s0, seg):
   return jnp.moveaxis(o, 0, 2), state
 
 
-def _pair_masks(seg_q, seg_k, n: int):
-  """Causal masks ``[..., n, n]``: ``j <= i`` and ``j < i``, within one segment."""
-  incl = jnp.tril(jnp.ones((n, n), bool))
-  if seg_q is not None:
-    incl = incl & (seg_q[..., :, None] == seg_k[..., None, :])
-  strict = incl & ~jnp.eye(n, dtype=bool)
-  return incl, strict
-
-
-def _pair_decay(gc, incl):
-  """``exp(G_i - G_j)`` for ``j <= i`` (masked before the ``exp``), else 0; or None."""
-  if gc is None:
-    return None
-  diff = gc[..., :, None] - gc[..., None, :]
-  return jnp.exp(jnp.where(incl, diff, -jnp.inf))
-
-
-@jax.custom_vjp
-def _unit_lower_inverse(l):
-  """``(I + l)^{-1}`` for strictly lower-triangular ``l [..., n, n]``, matmuls only.
-
-  Recursive block inversion: starting from the ``1 x 1`` diagonal blocks, pairs
-  of inverted blocks ``A^{-1}, D^{-1}`` with coupling ``C`` (the block of ``l``
-  below ``A``) merge into ``[[A^{-1}, 0], [-D^{-1} C A^{-1}, D^{-1}]]``;
-  ``log2(n)`` levels of batched matmuls. Used instead of a triangular solve,
-  whose CPU custom call is slow and can deadlock XLA's thread pool when two
-  run at once (as in the backward pass).
-  """
-  n = l.shape[-1]
-  p = 1 << (n - 1).bit_length()
-  if p != n:  # Pad to a power of two; the padding block stays the identity.
-    l = jnp.pad(l, [(0, 0)] * (l.ndim - 2) + [(0, p - n), (0, p - n)])
-  lead = l.shape[:-2]
-  mm = functools.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
-  inv = jnp.ones(lead + (p, 1, 1), l.dtype)  # [..., blocks, s, s]
-  s = 1
-  while s < p:
-    nb = p // (2 * s)
-    pairs = inv.reshape(lead + (nb, 2, s, s))
-    a_inv, d_inv = pairs[..., 0, :, :], pairs[..., 1, :, :]
-    # Lower-left s x s block of each 2s x 2s diagonal block of l.
-    c = l.reshape(lead + (nb, 2, s, nb, 2, s))[..., :, 1, :, :, 0, :]
-    c = jnp.moveaxis(jnp.diagonal(c, axis1=-4, axis2=-2), -1, -3)  # [..., nb, s, s]
-    low = -mm(d_inv, mm(c, a_inv))
-    top = jnp.concatenate([a_inv, jnp.zeros_like(a_inv)], axis=-1)
-    inv = jnp.concatenate([top, jnp.concatenate([low, d_inv], axis=-1)], axis=-2)
-    s *= 2
-  return inv.reshape(lead + (p, p))[..., :n, :n]
-
-
-def _unit_lower_inverse_fwd(l):
-  x = _unit_lower_inverse(l)
-  return x, x
-
-
-def _unit_lower_inverse_bwd(x, dx):
-  # X = (I + L)^{-1} gives dX = -X dL X, so dL = -X^T dX X^T, kept on the strictly lower
-  # triangle (the only entries of l the inverse reads). Two matmuls, against the six levels
-  # of reshapes, diagonals and concatenations that automatic differentiation replays.
-  mm = functools.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
-  xt = jnp.swapaxes(x, -1, -2)
-  n = x.shape[-1]
-  return (jnp.where(np.tri(n, k=-1, dtype=bool), -mm(xt, mm(dx, xt)), 0.0),)
-
-
-_unit_lower_inverse.defvjp(_unit_lower_inverse_fwd, _unit_lower_inverse_bwd)
-
-
-def _unit_lower_inverse_rows(l):
-  """``(I + l)^{-1}`` by forward substitution, one row at a time (reference path).
-
-  Row ``i`` of the inverse is ``e_i - l_i X`` where only the already final rows
-  ``< i`` of ``X`` meet the nonzeros of ``l_i``. ``O(n)`` sequential steps: for
-  the parallel form's short inputs only.
-  """
-  n = l.shape[-1]
-  eye = jnp.eye(n, dtype=l.dtype)
-
-  def row(i, x):
-    new = eye[i] - jnp.einsum("...j,...jk->...k", l[..., i, :], x,
-                              precision=lax.Precision.HIGHEST)
-    return x.at[..., i, :].set(new)
-
-  return lax.fori_loop(0, n, row, jnp.zeros_like(l))
-
-
 def _parallel(qh, kh, vh, bh, g, s0, seg):
   """The ``T x T`` form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``.
 
@@ -333,16 +253,16 @@ def _parallel(qh, kh, vh, bh, g, s0, seg):
   """
   t = qh.shape[2]
   seg4 = None if seg is None else seg[:, None]  # [B, 1, T]
-  incl, strict = _pair_masks(seg4, seg4, t)
+  incl, strict = common.pair_masks(seg4, seg4, t)
   gc = None if g is None else jnp.cumsum(g, axis=2)
-  decay = _pair_decay(gc, incl)
+  decay = common.pair_decay(gc, incl)
   kk = jnp.einsum("bhik,bhjk->bhij", kh, kh)
   qk = jnp.einsum("bhik,bhjk->bhij", qh, kh)
   if decay is not None:
     kk, qk = kk * decay, qk * decay
   l = jnp.where(strict, bh[..., :, None] * kk, 0.0)
   a = jnp.where(incl, qk, 0.0)
-  inv = _unit_lower_inverse_rows(l)  # (I + L)^{-1}, lower triangular
+  inv = common.unit_lower_inverse_rows(l)  # (I + L)^{-1}, lower triangular
   p = jnp.einsum("bhij,bhjl->bhil", a, inv) * bh[..., None, :]
   o = jnp.einsum("bhil,bhlv->bhiv", p, vh)
 
@@ -386,7 +306,7 @@ def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
     carries = (segp[..., -1] == prev_end).astype(qh.dtype)  # [B,1,N]
   else:
     segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
-  incl, strict = _pair_masks(segp, segp, c)
+  incl, strict = common.pair_masks(segp, segp, c)
 
   if g is None:
     gc = None
@@ -396,7 +316,7 @@ def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
     gamma = jnp.exp(gc)[..., None]
     gamma_to_end = jnp.exp(gc[..., -1:] - gc)[..., None]
     chunk_decay = jnp.exp(gc[..., -1])
-  decay = _pair_decay(gc, incl)
+  decay = common.pair_decay(gc, incl)
 
   # Everything that does not depend on the entering state, for all chunks at once.
   kk = jnp.einsum("bhnik,bhnjk->bhnij", kc, kc)
@@ -405,7 +325,7 @@ def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
     kk, qk = kk * decay, qk * decay
   l = jnp.where(strict, bc[..., :, None] * kk, 0.0)
   a = jnp.where(incl, qk, 0.0)
-  inv = _unit_lower_inverse(l)  # the UT transform (I + L)^{-1}, [B, H, N, C, C]
+  inv = common.unit_lower_inverse(l)  # the UT transform (I + L)^{-1}, [B, H, N, C, C]
   beta_col = bc[..., None]
   u = jnp.einsum("bhnij,bhnjv->bhniv", inv, beta_col * vc)
   w = jnp.einsum("bhnij,bhnjk->bhnik", inv, beta_col * gamma * sees_state * kc)
@@ -449,6 +369,7 @@ def deltanet(
     return_state: bool = False,
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
+    implementation: str | None = None,
 ):
   """DeltaNet: ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``.
 
@@ -460,7 +381,7 @@ def deltanet(
   Args: as :func:`delta_rule` without ``log_decay``; q, k ``[B, T, H, K]``,
   v ``[B, T, H, V]``, beta ``[B, T, H]`` in ``[0, 2]`` (the paper uses a
   sigmoid, in ``(0, 1)``). Keys should be L2-normalised; ``normalize_qk=True``
-  does it here for q and k.
+  does it here for q and k. ``implementation`` as in :func:`delta_rule`.
 
   Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.
   """
@@ -468,7 +389,7 @@ def deltanet(
     q, k = _l2_normalize(q), _l2_normalize(k)
   return delta_rule(q, k, v, beta, None, scale=scale, form=form, chunk_size=chunk_size,
                     initial_state=initial_state, return_state=return_state,
-                    segment_ids=segment_ids)
+                    segment_ids=segment_ids, implementation=implementation)
 
 
 def deltanet_step(
@@ -506,6 +427,7 @@ def gated_deltanet(
     return_state: bool = False,
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
+    implementation: str | None = None,
 ):
   """Gated DeltaNet: ``S_t = exp(log_decay_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``.
 
@@ -516,7 +438,8 @@ def gated_deltanet(
   beta ``[B, T, H]`` in ``[0, 2]``, log_decay ``[B, T, H]`` values ``<= 0``
   (a scalar gate per head and step; ``-inf`` allowed; beta's range and the
   gate's sign are checked only for concrete values, not under ``jit``). Keys should be L2-normalised;
-  ``normalize_qk=True`` does it here for q and k.
+  ``normalize_qk=True`` does it here for q and k. ``implementation`` as in
+  :func:`delta_rule`.
 
   Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.
   """
@@ -526,7 +449,7 @@ def gated_deltanet(
     q, k = _l2_normalize(q), _l2_normalize(k)
   return delta_rule(q, k, v, beta, log_decay, scale=scale, form=form, chunk_size=chunk_size,
                     initial_state=initial_state, return_state=return_state,
-                    segment_ids=segment_ids)
+                    segment_ids=segment_ids, implementation=implementation)
 
 
 def gated_deltanet_step(

@@ -283,7 +283,7 @@ def _parallel(qh, kh, vh, ah, bh, gh, seg, s0):
   t = qh.shape[2]
   g = jnp.zeros_like(kh) if gh is None else gh
   seg4 = None if seg is None else seg[:, None]  # [B, 1, T]
-  incl, strict = delta_ops._pair_masks(seg4, seg4, t)
+  incl, strict = common.pair_masks(seg4, seg4, t)
   gc = jnp.cumsum(g, axis=2)
   ge = _exclusive(gc, 2)
 
@@ -295,7 +295,7 @@ def _parallel(qh, kh, vh, ah, bh, gh, seg, s0):
   scores = lambda x, e, y: jnp.einsum("bhik,bhijk,bhjk->bhij", x, e, y)
   a_qk, a_qa = scores(qh, e_incl, kh), scores(qh, e_incl, ah)
   l_bk, l_ba = scores(bh, e_strict, kh), scores(bh, e_strict, ah)
-  inv = delta_ops._unit_lower_inverse_rows(-l_ba)  # (I - L_ba)^{-1}
+  inv = common.unit_lower_inverse_rows(-l_ba)  # (I - L_ba)^{-1}
   first = 1.0 if seg is None else (seg == 0)[:, None, :, None]  # tokens that see S_0
   u = inv @ (l_bk @ vh + (bh * jnp.exp(ge) * first) @ s0)
   o = a_qk @ vh + a_qa @ u + (qh * jnp.exp(gc) * first) @ s0
@@ -370,7 +370,7 @@ def _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, seg_prev):
     carries = (segp[..., -1] == prev_end)[..., None].astype(qc.dtype)  # [B,1,N,1]
   else:
     segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
-  incl, strict = delta_ops._pair_masks(segp, segp, c)
+  incl, strict = common.pair_masks(segp, segp, c)
 
   # In-chunk scores, all chunks at once. L_xy[i, j] = A-style score of (b_i, y_j)
   # with the rows' decay stopped one step earlier: b moved one row back, then down.
@@ -380,7 +380,7 @@ def _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, seg_prev):
   down = lambda m: jnp.concatenate([jnp.zeros_like(m[..., :1, :]), m[..., :-1, :]], axis=-2)
   l_bk = jnp.where(strict, down(_intra_scores_vector(b_next, kc, gc)), 0.0)
   l_ba = jnp.where(strict, down(_intra_scores_vector(b_next, ac, gc)), 0.0)
-  inv = delta_ops._unit_lower_inverse(-l_ba)  # the UT transform (I - L_ba)^{-1}
+  inv = common.unit_lower_inverse(-l_ba)  # the UT transform (I - L_ba)^{-1}
   w = inv @ (bc * jnp.exp(ge) * sees_state)  # U = U_0 + W S_0, [B, H, N, C, K]
   u0 = inv @ (l_bk @ vc)  # [B, H, N, C, V]
   decay_to_end = jnp.exp(last[..., None, :] - gc) * to_end
@@ -631,7 +631,7 @@ def kda(
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
   """
   bsz, t, h, dk, dv = common.check_qkv(q, k, v)
-  delta_ops._check_beta(beta, (bsz, t, h), "[B, T, H]")
+  common.check_beta(beta, (bsz, t, h), "[B, T, H]")
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
@@ -655,7 +655,7 @@ def kda_step(q: Array, k: Array, v: Array, beta: Array, log_alpha: Array, state:
   Returns: ``(o [B, H, V] in the dtype of q, new_state [B, H, K, V])``.
   """
   bsz, h, dk, dv = common.check_step_qkv(q, k, v)
-  delta_ops._check_beta(beta, (bsz, h), "[B, H]")
+  common.check_beta(beta, (bsz, h), "[B, H]")
   common.check_log_decay(log_alpha, bsz, h, dk, name="log_alpha", per_head=False)
   common.check_step_state("state", state, (bsz, h, dk, dv), "[B, H, K, V]")
   if normalize_qk:
@@ -682,7 +682,7 @@ def _check_deltaproduct(q, k, v, beta, log_decay, lead):
   common.check_shape("k", k, lead + (r, dk), "B, T, H, K of q and R steps")
   common.check_shape("v", v, lead + (r, None), "B, T, H of q and the R of k")
   common.check_same_dtype(q=q, k=k, v=v)
-  delta_ops._check_beta(beta, lead + (r,), "[B, T, H, R]" if len(lead) == 3 else "[B, H, R]")
+  common.check_beta(beta, lead + (r,), "[B, T, H, R]" if len(lead) == 3 else "[B, H, R]")
   common.check_log_decay(log_decay, *lead, dk, per_channel=False)
   return r, v.shape[-1]
 

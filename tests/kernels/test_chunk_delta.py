@@ -139,3 +139,24 @@ def test_bad_arguments():
   assert cdl.unsupported_arguments(q, beta, g, chunk_size=48, platform="tpu") == {}
   with pytest.raises(ValueError, match="q must be a floating-point"):
     cdl.chunk_delta_attention(q.astype(jnp.int32), k, v, beta, g)
+
+
+def test_ops_dispatch_reaches_the_kernel():
+  """``implementation="pallas"`` in the ops runs the kernel (interpreted on CPU) with the
+  XLA op's answer; what the kernel cannot take falls back under ``None`` and raises under
+  ``"pallas"``, naming the argument."""
+  q, k, v, beta, g, s0 = make(True, t=21, seed=3)
+  for fn, gate in ((ops.gated_deltanet, (g,)), (ops.deltanet, ())):
+    got = fn(q, k, v, beta, *gate, initial_state=s0, return_state=True, chunk_size=16,
+             implementation="pallas")
+    want = fn(q, k, v, beta, *gate, initial_state=s0, return_state=True, chunk_size=16,
+              implementation="xla")
+    assert_close(got[0], want[0], 1e-4, 1e-4, fn.__name__)
+    assert_close(got[1], want[1], 1e-4, 1e-4, fn.__name__)
+  with pytest.raises(ValueError, match="form"):
+    ops.delta_rule(q, k, v, beta, g, form="recurrent", implementation="pallas")
+  with pytest.raises(ValueError, match="chunk_size"):
+    ops.delta_rule(q, k, v, beta, g, chunk_size=24, implementation="pallas")
+  # implementation=None on CPU stays XLA, whatever the chunk size.
+  assert_close(ops.delta_rule(q, k, v, beta, g, chunk_size=24),
+               ops.delta_rule(q, k, v, beta, g, chunk_size=24, implementation="xla"), 0, 0)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_attention.ops import delta
+from linear_attention.ops import common, delta
 from tests.helpers import assert_close, assert_tree_close, grads_of, keys, rand
 from tests.ops import conformance as cf
 
@@ -131,8 +131,8 @@ def test_unit_lower_inverses(n):
   # substitution for the parallel form), sizes that are not powers of two.
   l = jnp.tril(rand(keys(16, 1)[0], (3, n, n), scale=0.5), -1)
   want = np.linalg.inv(np.eye(n) + np.asarray(l, np.float64))
-  assert_close(jax.jit(delta._unit_lower_inverse)(l), want, rtol=1e-4, atol=1e-4)
-  assert_close(jax.jit(delta._unit_lower_inverse_rows)(l), want, rtol=1e-4, atol=1e-4)
+  assert_close(jax.jit(common.unit_lower_inverse)(l), want, rtol=1e-4, atol=1e-4)
+  assert_close(jax.jit(common.unit_lower_inverse_rows)(l), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("n", [5, 16])
@@ -144,11 +144,11 @@ def test_unit_lower_inverse_gradient(n):
     l = jnp.tril(rand(keys(17, 1)[0], (2, n, n), scale=0.4).astype(jnp.float64), -1)
     l = l + 3.0 * jnp.triu(jnp.ones((n, n), jnp.float64))
     ct = rand(keys(18, 1)[0], (2, n, n)).astype(jnp.float64)
-    ours = jax.grad(lambda l: jnp.sum(delta._unit_lower_inverse(l) * ct))(l)
+    ours = jax.grad(lambda l: jnp.sum(common.unit_lower_inverse(l) * ct))(l)
     dense = jax.grad(lambda l: jnp.sum(jnp.linalg.inv(jnp.eye(n) + jnp.tril(l, -1)) * ct))(l)
     assert_close(ours, dense, rtol=1e-10, atol=1e-10)
     assert not np.any(np.triu(np.asarray(ours)))
-    jax.test_util.check_grads(delta._unit_lower_inverse, (jnp.tril(l, -1),), order=1,
+    jax.test_util.check_grads(common.unit_lower_inverse, (jnp.tril(l, -1),), order=1,
                               modes=("rev",), atol=1e-6, rtol=1e-6)
 
 
@@ -182,8 +182,8 @@ def _bad_calls():
   z = jnp.zeros((1, 2, 4, 3))
   return [
       (lambda: dr(q, k, v, beta[..., :1]), r"beta must have shape \[1, 4, 2\]"),
-      (lambda: dr(q, k, v, beta.at[0, 0, 0].set(2.5)), r"beta must lie in \[0, 2\]"),
-      (lambda: dr(q, k, v, beta.at[0, 0, 0].set(-0.1)), r"beta must lie in \[0, 2\]"),
+      (lambda: dr(q, k, v, beta.at[0, 0, 0].set(2.5)), r"beta must be >= 0 and <= 2"),
+      (lambda: dr(q, k, v, beta.at[0, 0, 0].set(-0.1)), r"beta must be >= 0 and <= 2"),
       (lambda: dr(q, k, v, beta, g[..., None]), r"log_decay must have shape \[1, 4, 2\]"),
       (lambda: dr(q, k[:, :3], v, beta), r"k must have shape"),
       (lambda: dr(q, k, v[:, :, :1], beta), r"v must have shape"),

@@ -276,7 +276,7 @@ def test_bad_inputs_name_the_argument():
       (lambda: ops.dplr_attention(q, k, v, a, b, jnp.zeros((B, t, H, 2))), r"\blog_decay\b"),
       (lambda: ops.gated_deltaproduct(q, k[:, :, :, 0], v, beta), r"\bk must have shape"),
       (lambda: ops.gated_deltaproduct(q, k, v, beta[..., 0]), r"\bbeta must have shape"),
-      (lambda: ops.gated_deltaproduct(q, k, v, 5.0 * beta), r"\bbeta must lie in"),
+      (lambda: ops.gated_deltaproduct(q, k, v, 5.0 * beta), r"\bbeta must be >= 0 and <= 2"),
       (lambda: ops.gated_deltaproduct(q, k, v, beta, jnp.zeros((B, t, H, K))),
        r"\blog_decay must have shape"),
       (lambda: ops.kda(q, k[:, :, :, 0], v[:, :, :, 0], beta[..., 0], jnp.zeros((B, t, H))),

@@ -83,7 +83,6 @@ from linear_attention.kernels import dispatch
 from linear_attention.kernels.chunk_delta import blocks, mosaic_tpu, triton
 from linear_attention.kernels.chunk_delta.blocks import ChunkDeltaBlockSizes, KernelConfig
 from linear_attention.ops import common
-from linear_attention.ops import delta as delta_ops
 
 Array = jax.Array
 
@@ -184,7 +183,7 @@ def _prepare(q, k, v, beta, log_decay, seg, scale, c):
     carries = (segp[..., -1] == prev_end).astype(acc)  # [B,1,N]
   else:
     segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
-  incl, strict = delta_ops._pair_masks(segp, segp, c)  # pylint: disable=protected-access
+  incl, strict = common.pair_masks(segp, segp, c)
 
   if log_decay is None:
     gc = None
@@ -196,7 +195,7 @@ def _prepare(q, k, v, beta, log_decay, seg, scale, c):
     gamma = jnp.exp(gc)[..., None]
     gamma_to_end = jnp.exp(gc[..., -1:] - gc)[..., None]
     decay = jnp.exp(gc[..., -1])
-  pair = delta_ops._pair_decay(gc, incl)  # pylint: disable=protected-access
+  pair = common.pair_decay(gc, incl)
 
   kk = jnp.einsum("bhnik,bhnjk->bhnij", kc, kc)
   qk = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc)
@@ -204,7 +203,7 @@ def _prepare(q, k, v, beta, log_decay, seg, scale, c):
     kk, qk = kk * pair, qk * pair
   l = jnp.where(strict, bc[..., :, None] * kk, 0.0)
   am = jnp.where(incl, qk, 0.0)
-  inv = delta_ops._unit_lower_inverse(l)  # pylint: disable=protected-access
+  inv = common.unit_lower_inverse(l)
   beta_col = bc[..., None]
   u = jnp.einsum("bhnij,bhnjv->bhniv", inv, beta_col * vc)
   w = jnp.einsum("bhnij,bhnjk->bhnik", inv, beta_col * gamma * sees_state * kc)
@@ -277,8 +276,10 @@ def chunk_delta_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
   """
-  _, _, _, dk, _ = delta_ops._check_inputs(  # pylint: disable=protected-access
-      q, k, v, beta, log_decay, "chunk", chunk_size, initial_state, segment_ids)
+  b, t, h, dk, dv = common.check_qkv(q, k, v)
+  common.check_beta(beta, (b, t, h), "[B, T, H]")
+  common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
+  common.check_sequence_args("chunk", chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv))
   if block_sizes is None:  # the default depends on the dtype too
     block_sizes = ChunkDeltaBlockSizes.default(platform or dispatch.default_platform(), q.dtype)
   platform, block_sizes, interpret = dispatch.resolve_launch(
