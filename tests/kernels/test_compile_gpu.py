@@ -40,11 +40,18 @@ DETAIL = True  # shared memory, registers and spills per kernel
 # * chunk_decay_bwd_dkv and chunk_decay_fwd, float32 only (full-precision
 #   dots of [16, 128] float32 tiles): dk/dv up to 6392 B (no decay), the
 #   forward up to 1320 B, on H200; the dq and states kernels spill nothing.
+# * chunk_delta fwd, states and bwd, float32 only (3-pass TF32 dots of float32
+#   [64, 128] tiles, one pipeline stage): 704 / 40 / 1180 B on H200 at the
+#   gpu_check shape (Triton's exact float32 dot spilled 49540 / 20228 / 6216 B);
+#   bf16 spills nothing on H200 or A100.
 # * flash_attention dq and dk/dv, float32 only: float32 tiles of a head of 128.
 ACCEPTED_SPILLS: dict[tuple[str, str], int] = {
     ("chunk_decay_bwd_dkv", "bf16"): 512,
     ("chunk_decay_bwd_dkv", "f32"): 6656,
     ("chunk_decay_fwd", "f32"): 1536,
+    ("chunk_delta_bwd", "f32"): 1536,
+    ("chunk_delta_fwd", "f32"): 1024,
+    ("chunk_delta_states", "f32"): 512,
     ("flash_attention_dkv", "f32"): 35840,
     ("flash_attention_dq", "f32"): 512,
 }
