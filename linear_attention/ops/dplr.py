@@ -84,13 +84,16 @@ Array = jax.Array
 # ------------------------------------------------------------------ the engine
 
 # The form ``form="auto"`` picks per backend. On CPU, by measurement
-# (experiments/bench_delta_forms.py, results/bench_delta_forms_cpu.json; B=1, H=4,
-# K=V=64, XLA's default threads on 2 cores), the token-by-token scan beat the chunk form
-# at every length measured, forward and forward+backward: KDA at T=4k, chunk 1.5-2.6x
-# slower forward and 1.5-4x slower fwd+bwd, RWKV-7 and Gated DeltaProduct alike. Each
-# token's update there is a few passes over a [K, V] state that stays in cache, while the
-# chunk form's per-channel in-chunk scores cost ``exp`` per (pair, channel) in small
-# batched ops. On GPU and TPU the chunk form's matmuls are the fast path.
+# (experiments/bench_delta_forms.py, results/bench_delta_forms_cpu.json: B=1, H=4,
+# K=V=64, XLA's default threads, a loaded 2-core machine), the token-by-token scan beat the
+# chunk form at T = 1k, 4k and 16k, forward and forward+backward: KDA's chunk form took
+# 2.6-3.2x the recurrent form's time forward and 2.1-2.8x fwd+bwd, RWKV-7's 2.3-4x and
+# 2.3-5.7x. Each token's update is a few passes over a [K, V] state that stays in cache,
+# while the chunk form's per-channel in-chunk scores (four of them) cost an ``exp`` per
+# (pair, channel) in small batched ops. One caveat, measured in CPU time: with XLA's
+# single-threaded Eigen (``--xla_cpu_multi_thread_eigen=false``) the recurrent form's
+# backward slows 3-4x and the chunk form wins fwd+bwd (RWKV-7 at 4k: 0.61 s against 1.72
+# s); pass ``form="chunk"`` there. On GPU and TPU the chunk form's matmuls are the fast path.
 DEFAULT_FORMS = {"cpu": "recurrent"}
 
 
