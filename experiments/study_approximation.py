@@ -267,9 +267,11 @@ def main(argv=None):
                  help="comma-separated input scales: q, k rows ~ s * N(0, I), logit std s**2")
   p.add_argument("--noncausal-only", action="store_true")
   p.add_argument("--chunk-size", type=int, default=64)
-  p.add_argument("--out", default=os.path.join(su.DEFAULT_RESULTS, "approximation"))
+  p.add_argument("--out", default=None,
+                 help="results folder (default: results/studies/approximation; runs/smoke/studies/approximation with --smoke)")
   p.add_argument("--smoke", action="store_true", help="tiny sizes, for CI (seconds)")
   a = p.parse_args(argv)
+  a.out = a.out or su.default_out("approximation", a.smoke)
   if a.smoke:
     a.length, a.seeds, a.features, a.qk_scales = 256, 2, "16,64", "1"
   feature_counts = [int(x) for x in a.features.split(",")]

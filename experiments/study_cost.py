@@ -433,11 +433,13 @@ def main(argv=None):
   p.add_argument("--positions", default="1024,4096,16384,65536,262144,1048576")
   p.add_argument("--shared-machine", action="store_true",
                  help="record that other jobs shared the CPU during the run")
-  p.add_argument("--out", default=os.path.join(su.DEFAULT_RESULTS, "cost"))
+  p.add_argument("--out", default=None,
+                 help="results folder (default: results/studies/cost; runs/smoke/studies/cost with --smoke)")
   p.add_argument("--smoke", action="store_true", help="tiny sizes, for CI (under a minute)")
   p.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
   p.add_argument("--decode-worker", nargs=4, help=argparse.SUPPRESS)
   a = p.parse_args(argv)
+  a.out = a.out or su.default_out("cost", a.smoke)
   if a.worker:
     c, t, mode, cap, mem = a.worker
     return worker(c, int(t), mode, float(cap), float(mem))
