@@ -475,3 +475,61 @@ def unit_lower_inverse_rows(l):
     return x.at[..., i, :].set(new)
 
   return lax.fori_loop(0, n, row, jnp.zeros_like(l))
+
+
+def delta_chunk_terms(qh, kh, vh, bh, g, seg, chunk_size: int):
+  """The delta rule's state-independent chunk quantities, for all chunks at once.
+
+  Inputs ``[B, H, T, *]`` (``qh`` already scaled), ``bh, g`` ``[B, H, T]``
+  (``g`` floored, see :func:`floor_log_decay`, or None), ``seg`` from
+  :func:`segment_index` or None. With ``D = U - W S_0`` per chunk (the algebra
+  of :mod:`linear_attention.ops.delta`), returns ``(qg, a, u, w, k_end,
+  chunk_decay)``: the decayed queries ``Q e^G`` and in-chunk scores ``A``
+  (``[B, H, N, C, K]``, ``[B, H, N, C, C]``), ``U`` and ``W`` (``[B, H, N, C,
+  V]``, ``[B, H, N, C, K]``), the keys decayed to the chunk's end and the
+  chunk's decay (``[B, H, N, C, K]``, ``[B, H, N]``), segment masks folded in.
+  Shared by the XLA chunk form and the Pallas kernel (``kernels.chunk_delta``).
+  """
+  b, h = qh.shape[:2]
+  c = chunk_size
+  # Padding with beta = 0 and k = 0 (and log_decay = 0) leaves the state as is.
+  pad = lambda x: pad_axis(x, c, axis=2)
+  qh, kh, vh, bh = pad(qh), pad(kh), pad(vh), pad(bh)
+  n = qh.shape[2] // c
+  split = lambda x: x.reshape(x.shape[:2] + (n, c) + x.shape[3:])
+  qc, kc, vc, bc = split(qh), split(kh), split(vh), split(bh)  # [B, H, N, C, *]
+
+  if seg is not None:
+    segp = pad_segment_ids(seg, c).reshape(b, 1, n, c)
+    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
+    sees_state = (segp == prev_end[..., None])[..., None].astype(qh.dtype)  # [B,1,N,C,1]
+    to_end = (segp == segp[..., -1:])[..., None].astype(qh.dtype)
+    carries = (segp[..., -1] == prev_end).astype(qh.dtype)  # [B,1,N]
+  else:
+    segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
+  incl, strict = pair_masks(segp, segp, c)
+
+  if g is None:
+    gc = None
+    gamma, gamma_to_end, chunk_decay = 1.0, 1.0, jnp.ones((b, h, n), qh.dtype)
+  else:
+    gc = jnp.cumsum(split(pad(g)), axis=3)  # in-chunk cumulative, [B, H, N, C]
+    gamma = jnp.exp(gc)[..., None]
+    gamma_to_end = jnp.exp(gc[..., -1:] - gc)[..., None]
+    chunk_decay = jnp.exp(gc[..., -1])
+  decay = pair_decay(gc, incl)
+
+  # Everything that does not depend on the entering state, for all chunks at once.
+  kk = jnp.einsum("bhnik,bhnjk->bhnij", kc, kc)
+  qk = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc)
+  if decay is not None:
+    kk, qk = kk * decay, qk * decay
+  l = jnp.where(strict, bc[..., :, None] * kk, 0.0)
+  a = jnp.where(incl, qk, 0.0)
+  inv = unit_lower_inverse(l)  # the UT transform (I + L)^{-1}, [B, H, N, C, C]
+  beta_col = bc[..., None]
+  u = jnp.einsum("bhnij,bhnjv->bhniv", inv, beta_col * vc)
+  w = jnp.einsum("bhnij,bhnjk->bhnik", inv, beta_col * gamma * sees_state * kc)
+  k_end = kc * gamma_to_end * to_end
+  chunk_decay = chunk_decay * carries
+  return qc * gamma * sees_state, a, u, w, k_end, chunk_decay

@@ -288,49 +288,11 @@ def _parallel(qh, kh, vh, bh, g, s0, seg):
 
 def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
   """WY / UT-transform chunkwise form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``."""
-  b, h, t, dk = qh.shape
+  b, h, t, _ = qh.shape
   dv = vh.shape[-1]
-  c = chunk_size
-  # Padding with beta = 0 and k = 0 (and log_decay = 0) leaves the state as is.
-  pad = lambda x: common.pad_axis(x, c, axis=2)
-  qh, kh, vh, bh = pad(qh), pad(kh), pad(vh), pad(bh)
-  n = qh.shape[2] // c
-  split = lambda x: x.reshape(x.shape[:2] + (n, c) + x.shape[3:])
-  qc, kc, vc, bc = split(qh), split(kh), split(vh), split(bh)  # [B, H, N, C, *]
-
-  if seg is not None:
-    segp = common.pad_segment_ids(seg, c).reshape(b, 1, n, c)
-    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
-    sees_state = (segp == prev_end[..., None])[..., None].astype(qh.dtype)  # [B,1,N,C,1]
-    to_end = (segp == segp[..., -1:])[..., None].astype(qh.dtype)
-    carries = (segp[..., -1] == prev_end).astype(qh.dtype)  # [B,1,N]
-  else:
-    segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
-  incl, strict = common.pair_masks(segp, segp, c)
-
-  if g is None:
-    gc = None
-    gamma, gamma_to_end, chunk_decay = 1.0, 1.0, jnp.ones((b, h, n), qh.dtype)
-  else:
-    gc = jnp.cumsum(split(pad(g)), axis=3)  # in-chunk cumulative, [B, H, N, C]
-    gamma = jnp.exp(gc)[..., None]
-    gamma_to_end = jnp.exp(gc[..., -1:] - gc)[..., None]
-    chunk_decay = jnp.exp(gc[..., -1])
-  decay = common.pair_decay(gc, incl)
-
   # Everything that does not depend on the entering state, for all chunks at once.
-  kk = jnp.einsum("bhnik,bhnjk->bhnij", kc, kc)
-  qk = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc)
-  if decay is not None:
-    kk, qk = kk * decay, qk * decay
-  l = jnp.where(strict, bc[..., :, None] * kk, 0.0)
-  a = jnp.where(incl, qk, 0.0)
-  inv = common.unit_lower_inverse(l)  # the UT transform (I + L)^{-1}, [B, H, N, C, C]
-  beta_col = bc[..., None]
-  u = jnp.einsum("bhnij,bhnjv->bhniv", inv, beta_col * vc)
-  w = jnp.einsum("bhnij,bhnjk->bhnik", inv, beta_col * gamma * sees_state * kc)
-  k_end = kc * gamma_to_end * to_end
-  chunk_decay = chunk_decay * carries
+  qg, a, u, w, k_end, chunk_decay = common.delta_chunk_terms(qh, kh, vh, bh, g, seg, chunk_size)
+  n, c = qg.shape[2:4]
 
   def body(state, x):
     u_n, w_n, k_n, a_n = x
@@ -344,7 +306,7 @@ def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
       body, init, (move(u), move(w), move(k_end), move(chunk_decay)))
   entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]: the state before each chunk
   d = jnp.moveaxis(d, 0, 2)  # [B, H, N, C, V]
-  o = (jnp.einsum("bhnik,bhnkv->bhniv", qc * gamma * sees_state, entering)
+  o = (jnp.einsum("bhnik,bhnkv->bhniv", qg, entering)
        + jnp.einsum("bhnij,bhnjv->bhniv", a, d))
   o = o.reshape(b, h, n * c, dv)[:, :, :t]
   return o, state

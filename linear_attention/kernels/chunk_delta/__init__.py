@@ -160,56 +160,16 @@ def _prepare(q, k, v, beta, log_decay, seg, scale, c):
   Inputs in the ops' layout (``[B, T, H, *]``; ``seg`` from
   ``common.segment_index`` or None). Returns float32
   ``(qg, am, u, w, ke)``, each ``[B, H, N, C, *]`` (``am``: ``[..., C, C]``),
-  and ``decay [B, H, N]``: the same quantities as ``ops.delta._chunk`` builds
-  before its scan (``qg`` and ``ke`` with the segment masks folded in).
+  and ``decay [B, H, N]``: :func:`~linear_attention.ops.common.delta_chunk_terms`,
+  the same quantities as the XLA chunk form builds before its scan.
   """
   acc = jnp.float32
   qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
-  qh = qh * jnp.asarray(scale, acc)
   bh = jnp.swapaxes(beta, 1, 2).astype(acc)
-  b, h = qh.shape[:2]
-  # Padding with beta = 0 and k = 0 (and log_decay = 0) leaves the state as is.
-  pad = lambda x: common.pad_axis(x, c, axis=2)
-  qh, kh, vh, bh = pad(qh), pad(kh), pad(vh), pad(bh)
-  n = qh.shape[2] // c
-  split = lambda x: x.reshape(x.shape[:2] + (n, c) + x.shape[3:])
-  qc, kc, vc, bc = split(qh), split(kh), split(vh), split(bh)  # [B, H, N, C, *]
-
-  if seg is not None:
-    segp = common.pad_segment_ids(seg, c).reshape(b, 1, n, c)
-    prev_end = jnp.concatenate([segp[:, :, :1, 0], segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
-    sees_state = (segp == prev_end[..., None])[..., None].astype(acc)  # [B,1,N,C,1]
-    to_end = (segp == segp[..., -1:])[..., None].astype(acc)
-    carries = (segp[..., -1] == prev_end).astype(acc)  # [B,1,N]
-  else:
-    segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
-  incl, strict = common.pair_masks(segp, segp, c)
-
-  if log_decay is None:
-    gc = None
-    gamma, gamma_to_end, decay = 1.0, 1.0, jnp.ones((b, h, n), acc)
-  else:
-    # -inf (a hard reset) would give inf - inf in the cumulative sums: floored.
-    g = common.floor_log_decay(jnp.swapaxes(log_decay, 1, 2).astype(acc))
-    gc = jnp.cumsum(split(pad(g)), axis=3)  # in-chunk cumulative, [B, H, N, C]
-    gamma = jnp.exp(gc)[..., None]
-    gamma_to_end = jnp.exp(gc[..., -1:] - gc)[..., None]
-    decay = jnp.exp(gc[..., -1])
-  pair = common.pair_decay(gc, incl)
-
-  kk = jnp.einsum("bhnik,bhnjk->bhnij", kc, kc)
-  qk = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc)
-  if pair is not None:
-    kk, qk = kk * pair, qk * pair
-  l = jnp.where(strict, bc[..., :, None] * kk, 0.0)
-  am = jnp.where(incl, qk, 0.0)
-  inv = common.unit_lower_inverse(l)
-  beta_col = bc[..., None]
-  u = jnp.einsum("bhnij,bhnjv->bhniv", inv, beta_col * vc)
-  w = jnp.einsum("bhnij,bhnjk->bhnik", inv, beta_col * gamma * sees_state * kc)
-  qg = qc * gamma * sees_state
-  ke = kc * gamma_to_end * to_end
-  return qg, am, u, w, ke, decay * carries
+  # -inf (a hard reset) would give inf - inf in the cumulative sums: floored.
+  g = None if log_decay is None else common.floor_log_decay(
+      jnp.swapaxes(log_decay, 1, 2).astype(acc))
+  return common.delta_chunk_terms(qh * jnp.asarray(scale, acc), kh, vh, bh, g, seg, c)
 
 
 # ------------------------------------------------------------------- public API
