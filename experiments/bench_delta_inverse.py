@@ -1,7 +1,7 @@
 """The delta rule's chunk form: the written-out VJP of the UT-transform inverse against
 automatic differentiation of the same inverse, in one process.
 
-``ops.common.unit_lower_inverse`` carries a ``custom_vjp`` (``dL = -X^T dX X^T``); its
+``common.unit_lower_inverse`` carries a ``custom_vjp`` (``dL = -X^T dX X^T``); its
 undecorated function (``.fun``) is what automatic differentiation would replay (six levels
 of reshapes, diagonals and concatenations). Both are timed on DeltaNet's forward+backward,
 interleaved, with JAX's caches cleared at every swap: the jitted ``delta._forward`` keeps its
@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.measure import time_calls  # noqa: E402
 from linear_attention import ops  # noqa: E402
 from linear_attention.io import write_json  # noqa: E402
-from linear_attention.ops import common  # noqa: E402
+from linear_attention import common  # noqa: E402
 
 
 def main(argv=None) -> None:

@@ -37,7 +37,8 @@ from bench.measure import grad_fn, matmul_gflops, time_calls  # noqa: E402
 
 from linear_attention import ops  # noqa: E402
 from linear_attention.io import write_json  # noqa: E402
-from linear_attention.ops import common, gated, loglinear  # noqa: E402
+from linear_attention import common  # noqa: E402
+from linear_attention.ops import gated, loglinear  # noqa: E402
 
 
 def _old_chunk(q, k, v, g, lam):

@@ -88,7 +88,7 @@ def main() -> int:
   rows = su.train_grid("configs/induction_heads.py:size=small", [VARIANTS[n] for n in names],
                        runs, args.workers, flags, collect_only=args.collect)
 
-  from linear_attention.train import trainer
+  from linear_attention.train import results
   b = min(size["test_examples"], 64)
   batches = -(-size["test_examples"] // b)
   for name, r in zip(names, rows):
@@ -101,7 +101,7 @@ def main() -> int:
     for step in range(size["eval_every"], r["metrics"]["step"] + 1, size["eval_every"]):
       key = f"{step}:{size['seq_len']}:{b}x{batches}"
       if key not in cache:
-        res = trainer.evaluate_checkpoint(r["workdir"], {"seq_len": size["seq_len"],
+        res = results.evaluate_checkpoint(r["workdir"], {"seq_len": size["seq_len"],
                                                          "batch_size": b, "dense": False},
                                           num_batches=batches, split="test", step=step)
         cache[key] = res["accuracy"]

@@ -64,12 +64,12 @@ def main() -> int:
   rows = su.train_grid("configs/listops.py:size=small", [{"model.mixer": m} for m in size["mixers"]],
                        su.runs_dir(args, "listops"), args.workers, flags)
 
-  from linear_attention.train import trainer
+  from linear_attention.train import results
   table = []
   for r in rows:
     if r["status"] != "done":
       continue
-    test = trainer.evaluate_checkpoint(r["workdir"], num_batches=size["test_batches"],
+    test = results.evaluate_checkpoint(r["workdir"], num_batches=size["test_batches"],
                                        split="test")
     r["test"] = test
     table.append({"mixer": r["overrides"]["model.mixer"], "num_params": r["metrics"]["num_params"],

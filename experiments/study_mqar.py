@@ -98,9 +98,9 @@ def state_floats(workdir: str, seq_len: int) -> int:
   import jax
   import numpy as np
   from linear_attention import data
-  from linear_attention.train import trainer
+  from linear_attention.train import results, trainer
 
-  config = trainer.load_config(workdir)
+  config = results.load_config(workdir)
   ds = data.make_dataset(config.data)
 
   def cache():
@@ -284,7 +284,7 @@ def main() -> int:
   later = later_lr_points(points, rows, size["early_stop"])
   rows += grid(later) if later else []
 
-  from linear_attention.train import trainer
+  from linear_attention.train import results
   for r in rows:
     if r["status"] != "done":
       continue
@@ -292,7 +292,7 @@ def main() -> int:
     t, n = o["data.seq_len"], o["data.num_kv_pairs"]
     per_batch = size["eval_batch_size"] * n
     num_batches = -(-size["test_queries"] // per_batch)
-    res = trainer.evaluate_checkpoint(r["workdir"], {"batch_size": size["eval_batch_size"]},
+    res = results.evaluate_checkpoint(r["workdir"], {"batch_size": size["eval_batch_size"]},
                                       num_batches=num_batches, split="test")
     queries = num_batches * per_batch
     r.update(test_accuracy=res["accuracy"], test_queries=queries,

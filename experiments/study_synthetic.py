@@ -113,7 +113,7 @@ def main() -> int:
                                                 f"--config.train.early_stop_value={size['early_stop']}"),
                            collect_only=args.collect or "induction" not in tasks)
 
-  from linear_attention.train import trainer
+  from linear_attention.train import results
   for r in ind_rows:
     if r["status"] != "done":
       continue
@@ -135,7 +135,7 @@ def main() -> int:
       if key not in cache:
         if "induction" not in tasks or args.collect:
           continue
-        res = trainer.evaluate_checkpoint(r["workdir"], {"seq_len": t, "batch_size": b,
+        res = results.evaluate_checkpoint(r["workdir"], {"seq_len": t, "batch_size": b,
                                                          "dense": False},
                                           num_batches=batches, split="test")
         cache[key] = res["accuracy"]
@@ -156,7 +156,7 @@ def main() -> int:
                             collect_only=args.collect or "copying" not in tasks)
   for r in copy_rows:
     if r["status"] == "done":
-      res = trainer.evaluate_checkpoint(r["workdir"], {"batch_size": 64}, num_batches=4,
+      res = results.evaluate_checkpoint(r["workdir"], {"batch_size": 64}, num_batches=4,
                                         split="test")
       r["test_accuracy"], r["test_tokens"] = res["accuracy"], 64 * 4 * cp["num_tokens"]
 

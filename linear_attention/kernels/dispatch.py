@@ -1,10 +1,10 @@
 """Dispatch policy shared by every kernel: which implementation runs, on which
 platform, in interpret mode or not, with which compiler parameters.
 
-Imports go one way: ``ops`` -> ``kernels`` -> ``ops.common``. The ops ask this
+Imports go one way: ``ops`` -> ``kernels`` -> ``common``. The ops ask this
 module whether to call a kernel (:func:`resolve_implementation`); each kernel
 entry point checks its launch arguments here (:func:`resolve_launch`). Nothing
-in this module imports from ``ops`` beyond ``ops.common``.
+in this module imports from ``ops`` beyond ``common``.
 
 Vocabulary, the same for every op and kernel:
 
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pl_triton
 
-from linear_attention.ops import common
+from linear_attention import common
 
 IMPLEMENTATIONS = (None, "xla", "pallas")
 PLATFORMS = ("gpu", "tpu")

@@ -37,7 +37,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from linear_attention.kernels import dispatch
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 

@@ -17,7 +17,7 @@ from jax import lax
 from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 from linear_attention.nn.mixer import check_positive
-from linear_attention.ops import common as common_ops
+from linear_attention import common as common_ops
 from linear_attention.ops import lowrank as lowrank_ops
 from linear_attention.ops import softmax as softmax_ops
 from linear_attention.ops import sparse as sparse_ops

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention.nn import context_parallel as cp
-from linear_attention.ops import common as common_ops
+from linear_attention import common as common_ops
 from linear_attention.ops import conv as conv_ops
 
 Array = jax.Array

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 

@@ -36,7 +36,7 @@ from jax import lax
 
 from linear_attention.kernels import chunk_decay as kernel
 from linear_attention.kernels import dispatch
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 
@@ -80,7 +80,7 @@ def decay_linear_attention(
       ``[B, T, H, K]`` (per key channel); values ``<= 0``, ``-inf`` included
       (a hard reset). The sign is checked only for concrete values: under
       ``jit``/``grad``/``vmap`` it is not (see
-      :func:`~linear_attention.ops.common.check_log_decay`).
+      :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
     form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
     chunk_size: chunk length of the chunk form (any ``T`` works: padded inside).

@@ -65,7 +65,7 @@ from jax import lax
 
 from linear_attention.kernels import chunk_delta as kernel
 from linear_attention.kernels import dispatch
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 
@@ -107,7 +107,7 @@ def delta_rule(
     log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0``, ``-inf``
       included (Gated DeltaNet; same concreteness rule for the sign check: a
       traced gate is not checked, see
-      :func:`~linear_attention.ops.common.check_log_decay`).
+      :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
     form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
     chunk_size: chunk length of the chunk form (any ``T`` works: padded inside

@@ -57,7 +57,7 @@ The in-chunk scores ``A_xy`` are those of the diagonal-decay engine
 step back (``e^{E_i - G_j} = e^{G_{i-1} - G_j}``). Every decay factor is
 ``exp`` of a difference of cumulative log decays, later position first, so it
 is ``<= 1``: log decays down to -20 per step (and ``-inf``, floored by
-:func:`~linear_attention.ops.common.floor_log_decay`) underflow to exact zeros
+:func:`~linear_attention.common.floor_log_decay`) underflow to exact zeros
 and never overflow. Segment starts are exact resets, masks as in
 :mod:`linear_attention.ops.delta`.
 
@@ -74,7 +74,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from linear_attention.ops import common
+from linear_attention import common
 from linear_attention.ops import delta as delta_ops
 from linear_attention.ops.decay import _intra_scores_vector
 
@@ -169,7 +169,7 @@ def dplr_attention(
     log_decay: None (no decay), ``[B, T, H]`` (one per head) or ``[B, T, H, K]``
       (per key channel), values ``<= 0``, ``-inf`` included; the sign is
       checked only for concrete values (see
-      :func:`~linear_attention.ops.common.check_log_decay`).
+      :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
     form: ``"auto"`` (default: :func:`resolve_form`, the recurrent form on CPU, the chunk
       form on GPU and TPU), ``"chunk"`` (linear in T), ``"recurrent"`` or ``"parallel"``.

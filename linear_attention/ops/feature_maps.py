@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 

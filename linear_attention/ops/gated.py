@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linear_attention.ops import common, decay
+from linear_attention import common
+from linear_attention.ops import decay
 
 Array = jax.Array
 
@@ -48,7 +49,7 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
     log_g: ``[B, T, H, K]`` data-dependent forget gate per key channel, in log
       space (``<= 0``, ``-inf`` allowed; GLA uses ``logsigmoid(x) / 16``); the
       sign is checked only when concrete (not under ``jit``/``grad``/``vmap``; see
-      :func:`~linear_attention.ops.common.check_log_decay`).
+      :func:`~linear_attention.common.check_log_decay`).
     scale: ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
@@ -177,7 +178,7 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
     log_f: ``[B, T, H, K]`` forget gate in log space (``<= 0``; HGRN2 uses
       ``logsigmoid``, with a lower bound in layers above the first); the sign
       is checked only when concrete (not under ``jit``/``grad``/``vmap``; see
-      :func:`~linear_attention.ops.common.check_log_decay`).
+      :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
@@ -238,7 +239,7 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
     log_w: ``[B, T, H, K]`` data-dependent decay in log space (``<= 0``; RWKV-6
       uses ``-exp(w)``); the sign is checked only when concrete (not under
       ``jit``/``grad``/``vmap``; see
-      :func:`~linear_attention.ops.common.check_log_decay`).
+      :func:`~linear_attention.common.check_log_decay`).
     u: ``[H, K]`` bonus for the current token.
     scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
@@ -366,7 +367,7 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
       is a decay of exactly zero at every step with ``dt > 0`` (none at
       ``dt = 0``). The signs of ``A`` and ``dt`` are checked only when
       concrete (not under ``jit``/``grad``/``vmap``; see
-      :func:`~linear_attention.ops.common.check_log_decay`).
+      :func:`~linear_attention.common.check_log_decay`).
     B, C: ``[batch, T, G, N]`` input and output projections, shared by the
       ``H / G`` heads of a group (head ``h`` reads group ``h // (H / G)``).
     D: optional ``[H]`` skip connection.

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from linear_attention.ops import common, decay
+from linear_attention import common
+from linear_attention.ops import decay
 from linear_attention.ops import feature_maps as fm
 
 Array = jax.Array

@@ -54,7 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linear_attention.ops import common, decay, gated
+from linear_attention import common
+from linear_attention.ops import decay, gated
 
 Array = jax.Array
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linear_attention.ops import common
+from linear_attention import common
 from linear_attention.ops import softmax as sm
 
 Array = jax.Array

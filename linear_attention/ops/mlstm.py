@@ -40,7 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linear_attention.ops import common, decay
+from linear_attention import common
+from linear_attention.ops import decay
 
 Array = jax.Array
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linear_attention.ops import common
+from linear_attention import common
 from linear_attention.ops import scan as scan_lib
 
 Array = jax.Array

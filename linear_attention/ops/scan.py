@@ -30,7 +30,7 @@ from jax import lax
 
 from linear_attention.kernels import dispatch
 from linear_attention.kernels import scan as kernel
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 

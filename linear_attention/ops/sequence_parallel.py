@@ -56,7 +56,8 @@ from jax import lax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from linear_attention.ops import common, decay, gated
+from linear_attention import common
+from linear_attention.ops import decay, gated
 from linear_attention.ops import conv as conv_ops
 from linear_attention.ops import linear as linear_ops
 from linear_attention.ops import softmax as softmax_ops

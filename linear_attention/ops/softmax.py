@@ -61,7 +61,7 @@ from jax import lax
 
 from linear_attention.kernels import dispatch
 from linear_attention.kernels.flash_attention import flash_attention, unsupported_arguments
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 
@@ -552,7 +552,7 @@ def pallas_attention(q: Array, k: Array, v: Array, *, causal: bool, scale: float
 def forget_cumsum(log_fgate: Array) -> Array:
   """``D [B, T, H]``: the cumulative sum over ``T`` of the log forget gates, float32.
 
-  Gates below :func:`~linear_attention.ops.common.log_zero` (``-inf``
+  Gates below :func:`~linear_attention.common.log_zero` (``-inf``
   included, a hard reset) are floored there first: a difference ``D_i - D_j``
   across one is then at most ``-155``, whose ``exp`` is 0 in float32 next to
   any key within 50 logits of the row's largest, while ``-inf - -inf`` would
@@ -591,7 +591,7 @@ def forgetting_attention(
     log_fgate: ``[B, T, H]`` log forget gates ``log f_t <= 0`` (e.g.
       ``jax.nn.log_sigmoid`` of a projection), any float dtype; ``-inf`` is a
       hard reset (see :func:`forget_cumsum`). The sign is checked for concrete
-      values (``ops.common.log_decay_checks`` under ``jit``).
+      values (``common.log_decay_checks`` under ``jit``).
     scale: logit scale; ``None`` means ``K ** -0.5``.
     segment_ids: optional ``[B, T]`` ints; a query sees only keys of its own
       segment (nothing crosses a boundary, the forgetting bias included).

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linear_attention.ops import common
+from linear_attention import common
 from linear_attention.ops import softmax as sm
 
 Array = jax.Array

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from linear_attention.ops import common
+from linear_attention import common
 from linear_attention.ops import decay as decay_lib
 from linear_attention.ops import scan as scan_lib
 
@@ -518,7 +518,7 @@ def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids, chunk_size):
   """``lax.scan`` that keeps only the ``[B, D, N]`` state (no ``[B, T, D, N]`` tensor).
 
   The tokens go through in rematerialised chunks of ``chunk_size``
-  (:func:`linear_attention.ops.common.remat_scan`).
+  (:func:`linear_attention.common.remat_scan`).
   """
   bsz, t, d = dx.shape
   state = jnp.zeros((bsz, d, A.shape[1]), dx.dtype) if h0 is None else h0

@@ -742,11 +742,3 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
     print(line + f"  (metrics, checkpoints and TensorBoard logs in {workdir})", flush=True)
   return final
 
-
-def __getattr__(name: str):
-  # The run-directory readers moved to ``train.results`` (which imports this module, so it
-  # cannot be imported here at the top); ``trainer.evaluate_checkpoint`` keeps working.
-  if name in ("evaluate_checkpoint", "load_checkpoint"):
-    from linear_attention.train import results
-    return getattr(results, name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

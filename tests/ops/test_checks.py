@@ -1,4 +1,4 @@
-"""The shared value checks (``ops.common.check_range``) and the gate/decay checks on them.
+"""The shared value checks (``common.check_range``) and the gate/decay checks on them.
 
 Every gate or decay refuses NaN (a comparison such as ``max >= 0`` is False for NaN, which
 once let ``A = NaN`` through as ``-inf``), and the message names the argument the caller
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from linear_attention import ops
-from linear_attention.ops import common
+from linear_attention import common
 from linear_attention.ops import ssm
 
 NAN = float("nan")

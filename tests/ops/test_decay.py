@@ -131,7 +131,7 @@ def test_inside_shard_map_without_initial_state():
 def test_traced_log_decay_sign_is_checked_with_checkify():
   """Under jit the sign cannot be read: common.log_decay_checks makes it a checkify check."""
   from jax.experimental import checkify
-  from linear_attention.ops import common
+  from linear_attention import common
   q, k, v, g, _ = make("scalar", t=8)
 
   @jax.jit

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_attention.ops import common, delta
+from linear_attention import common
+from linear_attention.ops import delta
 from tests.helpers import assert_close, assert_tree_close, grads_of, keys, rand
 from tests.ops import conformance as cf
 

@@ -73,7 +73,7 @@ from jax import lax
 from linear_attention.kernels import dispatch
 from linear_attention.kernels.chunk_decay import blocks, mosaic_tpu, triton
 from linear_attention.kernels.chunk_decay.blocks import ChunkDecayBlockSizes, KernelConfig
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 

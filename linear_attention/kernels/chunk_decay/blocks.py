@@ -16,7 +16,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from linear_attention.kernels import dispatch
-from linear_attention.ops import common
+from linear_attention import common
 
 
 def pad_dim(n: int, platform: str) -> int:

@@ -82,7 +82,7 @@ import jax.numpy as jnp
 from linear_attention.kernels import dispatch
 from linear_attention.kernels.chunk_delta import blocks, mosaic_tpu, triton
 from linear_attention.kernels.chunk_delta.blocks import ChunkDeltaBlockSizes, KernelConfig
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 
@@ -160,7 +160,7 @@ def _prepare(q, k, v, beta, log_decay, seg, scale, c):
   Inputs in the ops' layout (``[B, T, H, *]``; ``seg`` from
   ``common.segment_index`` or None). Returns float32
   ``(qg, am, u, w, ke)``, each ``[B, H, N, C, *]`` (``am``: ``[..., C, C]``),
-  and ``decay [B, H, N]``: :func:`~linear_attention.ops.common.delta_chunk_terms`,
+  and ``decay [B, H, N]``: :func:`~linear_attention.common.delta_chunk_terms`,
   the same quantities as the XLA chunk form builds before its scan.
   """
   acc = jnp.float32

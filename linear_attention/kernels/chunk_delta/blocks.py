@@ -22,7 +22,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from linear_attention.kernels.chunk_decay.blocks import pad_dim, value_block  # noqa: F401
-from linear_attention.ops import common
+from linear_attention import common
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,7 +67,7 @@ from linear_attention.kernels.flash_attention.blocks import (
     FlashBlockSizes,
     KernelConfig,
 )
-from linear_attention.ops import common
+from linear_attention import common
 
 Array = jax.Array
 
