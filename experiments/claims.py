@@ -144,7 +144,7 @@ import os
 import sys
 import textwrap
 
-from linear_attention.io import write_json
+from linear_attention.io import to_jsonable, write_json
 from linear_attention.nn import registry
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -1064,9 +1064,23 @@ def main(argv=None) -> int:
              timespec="seconds"),
          "rules": "see the docstring of experiments/claims.py",
          "results": sources(a.results), "claims": rows}
+  if _same_but_date(out, doc):  # a rerun on unchanged results leaves a committed file alone
+    print(f"{out} unchanged")
+    return 0
   write_json(out, doc)
   print(f"wrote {out}")
   return 0
+
+
+def _same_but_date(path: str, doc: dict) -> bool:
+  """True when ``path`` holds ``doc`` already, apart from ``generated_utc``."""
+  try:
+    with open(path) as f:
+      old = json.load(f)
+  except (OSError, ValueError):
+    return False
+  new = json.loads(json.dumps(to_jsonable(doc)))
+  return isinstance(old, dict) and {**old, "generated_utc": None} == {**new, "generated_utc": None}
 
 
 if __name__ == "__main__":
