@@ -132,9 +132,10 @@ _DISTRIBUTED = []  # non-empty once this process joined a multi-process run
 def _fail(msg: str, code: int = 2):
   print(f"error: {msg}", file=sys.stderr, flush=True)
   if _DISTRIBUTED or code in (1, 3, 130):
-    # A stopped or failed run's threads (XLA, orbax, the batch prefetcher) may still be busy: the
-    # interpreter's shutdown then crashed or hung. The trainer's cleanup (the checkpoint
-    # written, the files closed) has run by now.
+    # A stopped or failed run's threads (XLA, orbax, the batch prefetcher) may still be
+    # busy: the interpreter's shutdown then crashed, hung, or printed their late errors
+    # after this line. The trainer's cleanup (the checkpoint written, the files closed) has
+    # run by now.
     # A failed process must not enter JAX's shutdown barrier at exit: with a peer gone it
     # waits for the heartbeat timeout and then aborts with pages of C++ logs.
     sys.stdout.flush()
