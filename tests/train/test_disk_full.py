@@ -68,7 +68,8 @@ def test_a_full_disk_during_a_save_ends_in_one_line_and_a_rerun_finishes(tmp_pat
   assert "4" in kept and not [n for n in kept if "tmp" in n], kept  # the failed save's removed
 
 
-def test_a_failed_save_names_its_step_the_reason_and_where_a_rerun_resumes(tmp_path):
+def test_a_failed_save_names_its_step_the_reason_and_where_a_rerun_resumes(tmp_path,
+                                                                         monkeypatch):
   ck = ckpt_lib.Checkpointer(str(tmp_path), every=2, keep=3, async_save=False)
   try:
     ck.save(2, {"w": np.ones(3, np.float32)})
@@ -81,7 +82,7 @@ def test_a_failed_save_names_its_step_the_reason_and_where_a_rerun_resumes(tmp_p
     def fail(*args, **kwargs):
       raise tensorstore
 
-    ck.manager.save = fail
+    monkeypatch.setattr(ck.manager, "save", fail)
     with pytest.raises(errors.CheckpointWriteError) as e:
       ck.save(6, {"w": np.ones(3, np.float32)})
     msg = str(e.value)
@@ -90,13 +91,15 @@ def test_a_failed_save_names_its_step_the_reason_and_where_a_rerun_resumes(tmp_p
     assert msg.endswith("resume from step 2.") and "\n" not in msg
     assert errors.exit_code(e.value) == errors.EXIT_RUNTIME
 
-    ck.manager.save = lambda *a, **k: (_ for _ in ()).throw(PermissionError(
-        errno.EACCES, "Permission denied"))
+    def denied(*args, **kwargs):
+      raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(ck.manager, "save", denied)
     with pytest.raises(errors.CheckpointWriteError, match=r"checkpoint 8 .*Permission denied "
                        r"\(EACCES\); rerun the same command to resume from step 2"):
       ck.save(8, {"w": np.ones(3, np.float32)})
   finally:
-    del ck.manager.save
+    monkeypatch.undo()
     ck.close()
 
 
