@@ -129,19 +129,29 @@ class SeqContext:
     """Runs ``body(**present)`` per device; ``named`` maps name -> (array or None, spec).
 
     Absent (None) inputs are not passed. Under :attr:`is_local` the body runs on the
-    arrays as they are. A concrete mesh gets its inputs placed first (eager calls);
-    under ``jit`` with an abstract mesh ``shard_map`` reshards them itself.
+    arrays as they are; otherwise they are placed on the mesh first (:meth:`_place`).
     """
     names = [n for n, (x, _) in named.items() if x is not None]
     args = [named[n][0] for n in names]
     fn = lambda *xs: body(**dict(zip(names, xs)))
     if self.is_local:
       return fn(*args)
-    if isinstance(self.mesh, Mesh):
-      args = [jax.device_put(x, NamedSharding(self.mesh, named[n][1]))
-              for n, x in zip(names, args)]
+    args = [self._place(x, named[n][1]) for n, x in zip(names, args)]
     return jax.shard_map(fn, mesh=self.mesh, in_specs=tuple(named[n][1] for n in names),
                          out_specs=out_specs)(*args)
+
+  def _place(self, x, spec):
+    """``x`` with the layout ``shard_map`` expects. Eager, on a concrete mesh: ``device_put``.
+    Traced, on explicit axes: ``reshard``, whose transpose gives the cotangent back the
+    input's own type (that of ``device_put`` would keep the sharded one). Auto axes:
+    ``shard_map`` reshards by itself."""
+    if not isinstance(x, jax.core.Tracer):
+      if isinstance(self.mesh, Mesh):
+        return jax.device_put(x, NamedSharding(self.mesh, spec))
+      return x
+    if any(t == jax.sharding.AxisType.Explicit for t in self.mesh.axis_types):
+      return jax.sharding.reshard(x, spec)
+    return x
 
 
 def check_context(context) -> None:

@@ -297,9 +297,14 @@ def _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids, *,
     h, state = scan_lib.linear_scan(a, b, h0=initial_state, return_state=True, **kw)
     y = 2 * jnp.einsum("btdn,dn->btd", h, c_fwd).real
     if bidirectional:
-      hb = scan_lib.linear_scan(a, b, reverse=True, **kw)
-      # Read the backward state of the next token, within the same segment.
-      hb = jnp.pad(hb[:, 1:], ((0, 0), (0, 1), (0, 0), (0, 0)))
+      # The backward state of the next token, h_{t+1}, within the same segment: a reverse
+      # scan over the inputs shifted one step earlier (a is the same at every step). The
+      # inputs, not the scan's output, are shifted: they are the caller's arrays, while a
+      # sequence-parallel scan's output is split along T, where a one-step slice is not.
+      early = lambda x, fill: jnp.concatenate([x[:, 1:], fill(x[:, -1:])], axis=1)
+      kw_b = dict(kw, segment_ids=None if segment_ids is None else early(segment_ids,
+                                                                          lambda x: x))
+      hb = scan_lib.linear_scan(a, early(b, jnp.zeros_like), reverse=True, **kw_b)
       yb = 2 * jnp.einsum("btdn,dn->btd", hb, C[1].astype(hb.dtype)).real
       if segment_ids is not None:
         next_starts = jnp.pad(common.segment_starts(segment_ids)[:, 1:], ((0, 0), (0, 1)))
