@@ -5,7 +5,10 @@ Every engine and variant now takes ``context=``
 mesh=mesh, axis_name="seq", batch_axis=None)`` is ``gla(...,
 context=SeqContext(mesh, "seq", None))``, and each function here is exactly that
 call. The algorithms are documented next to the engines (for the diagonal decay:
-``ops/decay.py``, ``_sequence_parallel``).
+``ops/decay.py``, ``_sequence_parallel``; for the delta rule and DPLR:
+:func:`~linear_attention.ops.context.affine_call`; for the scan: ``ops/scan.py``).
+The short convolution and softmax twins at the end still hold their own
+implementations until ``causal_conv1d`` and ``softmax_attention`` take ``context=``.
 """
 
 from __future__ import annotations
