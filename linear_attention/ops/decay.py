@@ -37,6 +37,8 @@ from jax import lax
 from linear_attention.kernels import chunk_decay as kernel
 from linear_attention.kernels import dispatch
 from linear_attention import common
+from linear_attention.ops import context as context_lib
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -67,6 +69,7 @@ def decay_linear_attention(
     return_state: bool = False,
     segment_ids: Array | None = None,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """Linear attention with a diagonal decay of the state.
 
@@ -97,12 +100,22 @@ def decay_linear_attention(
       ``form="chunk"`` with its own block sizes (``chunk_size`` is then
       unused); with ``segment_ids``, another form or a dtype other than
       float32/bfloat16/float16, ``"pallas"`` raises a ``ValueError``.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext` to
+      run with the sequence split over a mesh axis (see
+      :func:`_sequence_parallel`); the same result up to rounding.
 
   Returns:
     ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``
     with ``state`` ``[B, H, K, V]`` in float32.
   """
-  _, t, _, dk, _ = _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids)
+  context_lib.check_context(context)
+  b, t, _, dk, _ = _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids)
+  if context is not None:
+    context.check(b, t)
+    run = _sequence_parallel if context.is_local else _sequence_parallel_jit
+    return run(q, k, v, log_decay, initial_state, segment_ids, context=context,
+               scale=common.resolve_scale(scale, dk), form=form, chunk_size=chunk_size,
+               return_state=return_state, implementation=implementation)
   unsupported = kernel.unsupported_arguments(q, log_decay, segment_ids)
   if form != "chunk":
     unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
@@ -538,3 +551,140 @@ def _chunk_carry(parts, s0):
   state, s_in = _scan_chunks(a, local, s0)
   o = o_intra + jnp.einsum("bhnik,bhnkv->bhniv", q_in, s_in)
   return o.reshape(o.shape[:2] + (-1,) + o.shape[4:]), state, s_in
+
+
+# ------------------------------------------------------------ sequence parallel
+
+
+def _sequence_parallel(q, k, v, log_decay, initial_state, segment_ids, *, context, scale, form,
+                       chunk_size, return_state, implementation):
+  """The engine with the sequence split over ``context.axis_name``.
+
+  Per device:
+
+  1. run the engine (``form``) on its slice from a zero state, giving local outputs
+     and the slice's final state ``S_j``, plus the slice's total log decay ``G_j``;
+  2. ``all_gather`` the ``(G_j, S_j)`` pairs along the axis (one collective) and fold
+     them into the state entering this device,
+     ``S_in_i = sum_{j<i} exp(sum_{j<m<i} G_m) S_j + exp(sum_{m<i} G_m) S_0``. The
+     exponents are sums of non-positive numbers (no differences of large cumulative
+     sums), so strong decays underflow to zero, never overflow;
+  3. correct the local outputs with one matmul,
+     ``o_t += scale * (q_t * exp(G_{<=t})) S_in``, ``G_{<=t}`` the cumulative log decay
+     inside the slice. No second pass over the sequence.
+
+  The final state (``return_state``) is the same fold to the end of the last slice;
+  each device adds its own term and one ``psum`` makes it identical on every device.
+  The gather moves ``P`` states ``[B, H, K, V]`` to every device (``P`` the axis
+  size): small next to the activations of a long slice. A slice that starts a new
+  segment, or holds a boundary, stops the incoming state, as on one device.
+  """
+  named = {"q": (q, context.seq_spec), "k": (k, context.seq_spec),
+           "v": (v, context.seq_spec), "log_decay": (log_decay, context.seq_spec),
+           "initial_state": (initial_state, context.row_spec),
+           "segment_ids": (segment_ids, context.seq_spec)}
+  body = functools.partial(_local, axis_name=context.axis_name, scale=scale, form=form,
+                           chunk_size=chunk_size, return_state=return_state,
+                           implementation=implementation)
+  out = (context.seq_spec, context.row_spec) if return_state else context.seq_spec
+  return context.shard(body, named, out)
+
+
+_sequence_parallel_jit = jax.jit(
+    _sequence_parallel, static_argnames=("context", "scale", "form", "chunk_size",
+                                         "return_state", "implementation"))
+
+
+def _varying_zeros(k, v, g, segment_ids, acc) -> Array:
+  """A zero ``[B, H, K, V]`` state that varies over the same mesh axes as the inputs.
+
+  A constant zero state is invariant across the mesh, so the chunk scan's carry would
+  change type under ``shard_map``'s ``check_vma``. ``zeros_like`` keeps its argument's
+  varying axes, and the broadcast sum takes the union of those of every input the
+  carry depends on.
+  """
+  z = (jnp.zeros_like(k[:, 0, :, :, None], acc) + jnp.zeros_like(v[:, 0, :, None, :], acc))
+  if g is not None:
+    z = z + jnp.zeros_like(_expand(g[:, 0], k[:, 0]), acc)[..., None]
+  if segment_ids is not None:
+    z = z + jnp.zeros_like(segment_ids[:, 0], acc)[:, None, None, None]
+  return z
+
+
+def _fold_weights(target, g_all, carry_all, n: int):
+  """Weights of every source state into the boundary before slice ``target``.
+
+  Sources: ``s = 0`` the initial state, ``s = j + 1`` the final state of slice
+  ``j``. A source reaches the boundary through the slices ``s <= m < target``.
+
+  Args:
+    target: int (traced or not) in ``[0, n]``; ``n`` means the sequence end.
+    g_all: ``[n, B, H, K|1]`` total log decay per slice, or None (no decay).
+    carry_all: ``[n, B]`` bool, whether a slice passes its entering state on
+      (False where it starts or contains a segment boundary), or None.
+
+  Returns:
+    ``[n + 1, B|1, H|1, K|1, 1]`` weights, broadcastable against the states.
+  """
+  s = jnp.arange(n + 1)[:, None]
+  m = jnp.arange(n)[None, :]
+  through = (s <= m) & (m < target)  # [n+1, n]
+  w = (jnp.arange(n + 1) <= target).astype(jnp.float32)[:, None, None, None]
+  if g_all is not None:
+    # A masked sum, not a difference of prefix sums: exact and never positive.
+    log_w = jnp.sum(jnp.where(through[:, :, None, None, None], g_all[None], 0.0), axis=1)
+    w = w.astype(g_all.dtype) * jnp.exp(log_w)
+  if carry_all is not None:
+    blocked = jnp.any(through[:, :, None] & ~carry_all[None], axis=1)  # [n+1, B]
+    w = w * (~blocked).astype(w.dtype)[:, :, None, None]
+  return w[..., None]
+
+
+def _local(q, k, v, log_decay=None, initial_state=None, segment_ids=None, *, axis_name, scale,
+           form, chunk_size, return_state, implementation):
+  """The per-device body of :func:`_sequence_parallel` on this device's slices."""
+  idx = context_lib.axis_index(axis_name)
+  acc = common.acc_dtype(q.dtype)
+  # -inf (a hard reset) floored as in the engine: its sums must not meet inf - inf.
+  g = None if log_decay is None else common.floor_log_decay(log_decay.astype(acc))
+  s0 = None if initial_state is None else initial_state.astype(acc)
+
+  # 1. The slice on its own, from a zero state (outputs kept in acc precision).
+  o, local = decay_linear_attention(
+      q.astype(acc), k.astype(acc), v.astype(acc), g, scale=scale, form=form,
+      chunk_size=chunk_size, initial_state=_varying_zeros(k, v, g, segment_ids, acc),
+      return_state=True, segment_ids=segment_ids, implementation=implementation)
+
+  # 2. Gather every slice's (total decay, final state) and fold up to this slice.
+  g_all = None
+  if g is not None:
+    g_tot = jnp.sum(g, axis=1)
+    g_all = lax.all_gather(g_tot[..., None] if g.ndim == 3 else g_tot, axis_name)
+  states = lax.all_gather(local, axis_name)  # [n, B, H, K, V]
+  n = states.shape[0]
+  carry_all = sees = None
+  if segment_ids is not None:
+    cont, single, sees = context_lib.device_segments(segment_ids, axis_name, acc)
+    carry_all = cont & single
+    sees = sees[:, :, None, None]
+  w = _fold_weights(idx, g_all, carry_all, n)
+  s_in = jnp.sum(w[1:] * states, axis=0)
+  if s0 is not None:
+    s_in = s_in + w[0] * s0
+
+  # 3. The entering state's contribution: one [T, K] x [K, V] matmul per head.
+  q_dec = q.astype(acc) * scale
+  if g is not None:
+    q_dec = q_dec * jnp.exp(_expand(jnp.cumsum(g, axis=1), q_dec))
+  if sees is not None:
+    q_dec = q_dec * sees
+  o = (o + jnp.einsum("bthk,bhkv->bthv", q_dec, s_in)).astype(q.dtype)
+  if not return_state:
+    return o
+
+  # The final state: this slice's term (plus the initial state's, once), summed.
+  w_end = _fold_weights(n, g_all, carry_all, n)
+  own = jnp.take(w_end, idx + 1, axis=0) * local
+  if s0 is not None:
+    own = own + jnp.where(idx == 0, w_end[0] * s0, 0.0)
+  return o, lax.psum(own, axis_name)
