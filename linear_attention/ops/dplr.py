@@ -75,6 +75,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_attention import common
+from linear_attention.kernels import chunk_dplr as kernel
+from linear_attention.kernels import dispatch
 from linear_attention.ops import delta as delta_ops
 from linear_attention.ops.decay import _intra_scores_vector
 
@@ -153,6 +155,7 @@ def dplr_attention(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    implementation: str | None = None,
 ):
   """The diagonal-plus-low-rank recurrence over a sequence.
 
@@ -180,23 +183,48 @@ def dplr_attention(
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; no
       state crosses a change of id. ``initial_state`` applies to the first
       segment of each row; the returned state is that at the end of the row.
+    implementation: ``None`` (the Pallas chunk kernel on a backend listed in
+      ``kernels.dispatch.PALLAS_DEFAULT_BACKENDS`` -- none yet -- XLA otherwise),
+      ``"xla"``, or ``"pallas"`` (:mod:`linear_attention.kernels.chunk_dplr`:
+      XLA builds every chunk's terms, the kernels run the state pass and its
+      reverse; on CPU in interpret mode, exact but slow). The kernel is the
+      chunk form (``form`` ``"auto"`` or ``"chunk"``; its ``chunk_size``
+      counts sub-steps); another form, a dtype other than
+      float32/bfloat16/float16 or a ``chunk_size`` the platform cannot tile (a
+      power of two >= 16 on GPU, a multiple of 16 on TPU) make ``"pallas"``
+      raise a ``ValueError``.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with
     ``state`` ``[B, H, K, V]`` in float32 (float64 for float64 inputs).
   """
+  pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
                                  segment_ids)
   o, state = _run(q, k, v, a, b, log_decay, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids,
+                  pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
 
-def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, segment_ids):
+def _use_kernel(implementation, form, q, v, chunk_size) -> bool:
+  """Whether ``implementation`` (see :func:`dplr_attention`) runs the Pallas kernel."""
+  unsupported = kernel.unsupported_arguments(q, v, chunk_size)
+  if form not in ("auto", "chunk"):
+    unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
+  return dispatch.resolve_implementation(implementation, unsupported)
+
+
+def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, segment_ids,
+         pallas=False):
   """Checked inputs in (``k, v, a, b`` with or without the ``R`` axis), ``(o, state)`` out;
-  ``o`` in the accumulation dtype."""
+  ``o`` in the accumulation dtype (the dtype of ``q`` from the kernel, ``pallas=True``)."""
+  if pallas:
+    return kernel.chunk_dplr_attention(q, k, v, a, b, log_decay, scale=scale,
+                                       chunk_size=chunk_size, initial_state=initial_state,
+                                       return_state=True, segment_ids=segment_ids)
   t, h, dk = q.shape[1:]
   if k.ndim == 4:  # rank one: R = 1
     k, v, a, b = (x[:, :, :, None] for x in (k, v, a, b))
@@ -519,6 +547,7 @@ def rwkv7(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    implementation: str | None = None,
 ):
   """RWKV-7 "Goose" time mixing (Peng et al. 2025, arXiv:2503.14456) on the DPLR engine.
 
@@ -546,7 +575,7 @@ def rwkv7(
       :func:`rwkv7_bonus` after the norm.
     scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
-      segment_ids: as in :func:`dplr_attention`.
+      segment_ids, implementation: as in :func:`dplr_attention`.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)`` with state
@@ -554,12 +583,14 @@ def rwkv7(
   """
   bsz, t, h, dk, dv = common.check_qkv(r, k, v, names=("r", "k", "v"))
   _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, t, h))
+  pallas = _use_kernel(implementation, form, r, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   ea, eb = _rwkv7_ab(kappa, a, common.acc_dtype(r.dtype))
   o, state = _run(r, k, v, ea, eb, log_w, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids,
+                  pallas=pallas)
   if bonus is not None:
     o = o + rwkv7_bonus(r, k, v, bonus)
   o = o.astype(r.dtype)
@@ -612,6 +643,7 @@ def kda(
     return_state: bool = False,
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
+    implementation: str | None = None,
 ):
   """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear"): the gated delta rule with a
   per-channel decay.
@@ -626,8 +658,8 @@ def kda(
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
     log_alpha: ``[B, T, H, K]`` per-channel log decay ``<= 0``, ``-inf``
       included (checked when concrete).
-    scale, form, chunk_size, initial_state, return_state, segment_ids: as in
-      :func:`dplr_attention`.
+    scale, form, chunk_size, initial_state, return_state, segment_ids,
+      implementation: as in :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and ``k`` over ``K`` here.
 
   Returns:
@@ -636,6 +668,7 @@ def kda(
   bsz, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_beta(beta, (bsz, t, h), "[B, T, H]")
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
+  pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
@@ -643,7 +676,8 @@ def kda(
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
   o, state = _run(q, wk, v, ea, eb, log_alpha, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids,
+                  pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
@@ -714,6 +748,7 @@ def gated_deltaproduct(
     return_state: bool = False,
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
+    implementation: str | None = None,
 ):
   """Gated DeltaProduct (Siems et al. 2025, "DeltaProduct"): ``R`` delta-rule
   (Householder-like) steps per token after one scalar gate.
@@ -729,8 +764,9 @@ def gated_deltaproduct(
     v: ``[B, T, H, R, V]``.
     beta: ``[B, T, H, R]`` in ``[0, 2]`` (checked when concrete).
     log_decay: None or ``[B, T, H]`` (one gate per head and token), ``<= 0``.
-    scale, form, chunk_size (tokens; ``R`` sub-steps each), initial_state,
-      return_state, segment_ids: as in :func:`dplr_attention`.
+    scale, form, chunk_size (tokens; ``R`` sub-steps each; sub-steps for the
+      kernel), initial_state, return_state, segment_ids, implementation: as in
+      :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and every ``k`` over ``K`` here.
 
   Returns:
@@ -741,6 +777,7 @@ def gated_deltaproduct(
   bsz, t, h, dk = q.shape
   common.check_seq_len(t, "axis 1 of q")
   _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
+  pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
@@ -748,7 +785,8 @@ def gated_deltaproduct(
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))
   o, state = _run(q, wk, v, ea, eb, log_decay, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids,
+                  pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
