@@ -10,8 +10,6 @@ at least 16 rows). The chunk decays are a ``[N, 1]`` column per head, or
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -76,18 +74,11 @@ def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int,
   ``[(name, ShapeDtypeStruct, spec kind)]``. Returns ``{name: array}``.
   """
   b, h, tp = inputs[0][1].shape[:3]
-  specs = _specs(cfg, n_chunks, tp, kp)
   # The decay column [B, H, N, rows] as [B, H, N rows, 1].
-  args = [x.reshape(b, h, -1, 1) if s == "decay" else x for _, x, s in inputs]
-  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs)
-  out = pl.pallas_call(
-      functools.partial(_KERNELS[kind], names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
-      grid=(b, h, vp // cfg.block_v),
-      in_specs=[specs[s] for _, _, s in inputs],
-      out_specs=[specs[s] for _, _, s in outputs],
-      out_shape=[o for _, o, _ in outputs],
-      interpret=cfg.interpret,
+  inputs = [(n, x.reshape(b, h, -1, 1) if s == "decay" else x, s) for n, x, s in inputs]
+  return dispatch.named_pallas_call(
+      _KERNELS[kind], inputs, outputs, _specs(cfg, n_chunks, tp, kp),
+      grid=(b, h, vp // cfg.block_v), interpret=cfg.interpret,
       name=f"{'chunk_dplr' if cfg.dplr else 'chunk_delta'}_{kind}",
       compiler_params=dispatch.triton_compiler_params(cfg.num_warps, cfg.num_stages),
-  )(*args)
-  return dict(zip((n for n, _, _ in outputs), out))
+      cfg=cfg, n_chunks=n_chunks, kp=kp)
