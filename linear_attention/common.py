@@ -594,3 +594,25 @@ def dplr_chunk_terms(qh, kh, vh, ah, bh, g, seg, chunk_size: int, seg_prev=None)
   decay_to_end = jnp.exp(last[..., None, :] - gc) * to_end
   return (qc * jnp.exp(gc) * sees_state, a_qa, a_qk, u0, w, ac * decay_to_end,
           kc * decay_to_end, jnp.exp(last) * carries)
+
+
+def check_dplr_inputs(q, k, v, a, b, log_decay):
+  """The DPLR engine's array checks (``ops.dplr_attention``, ``kernels.chunk_dplr``):
+  floats; ``q [B, T, H, K]``; ``k, a, b`` ``[B, T, H, K]`` or ``[B, T, H, R, K]``; ``v``
+  with the same leading axes; ``log_decay`` None, ``[B, T, H]`` or ``[B, T, H, K]``.
+  Returns ``(B, T, H, K, V)``; raises a ValueError naming the first bad argument."""
+  for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
+    check_float(name, x)
+  check_rank("q", q, 4)
+  bsz, t, h, dk = q.shape
+  check_seq_len(t, "axis 1 of q")
+  if jnp.ndim(a) not in (4, 5):
+    raise ValueError("a must have shape [B, T, H, K] (rank one) or [B, T, H, R, K] (R "
+                     f"sub-steps per token), got {list(jnp.shape(a))}.")
+  lead = (bsz, t, h) + ((a.shape[3],) if jnp.ndim(a) == 5 else ())
+  letters = "[B, T, H, R, *]" if len(lead) == 4 else "[B, T, H, *]"
+  for name, x in (("a", a), ("b", b), ("k", k)):
+    check_shape(name, x, lead + (dk,), f"{letters} with B, T, H, K of q and R of a")
+  check_shape("v", v, lead + (None,), f"{letters} with B, T, H of q and R of a")
+  check_log_decay(log_decay, bsz, t, h, dk)
+  return bsz, t, h, dk, v.shape[-1]

@@ -65,75 +65,10 @@ import jax.numpy as jnp
 
 from linear_attention import common
 from linear_attention.kernels import dispatch
-from linear_attention.kernels.chunk_delta import _call, blocks
+from linear_attention.kernels.chunk_delta import _core, blocks
 from linear_attention.kernels.chunk_delta.blocks import ChunkDeltaBlockSizes, KernelConfig
 
 Array = jax.Array
-
-
-def _forward_call(cfg, qg, am, u, w, ke, wk, wv, decay, s0):
-  b, h, tp, kp = qg.shape
-  vp = u.shape[-1]
-  out = _call("fwd", cfg, [
-      ("qg", qg, "rows_k"), ("am", am, "rows_c"), ("u", u, "rows_v"), ("w", w, "rows_k"),
-      ("ke", ke, "rows_k"), ("wk", wk, "rows_k"), ("wv", wv, "rows_v"),
-      ("decay", decay, "decay"), ("s0", s0, "state")], [
-      ("o", jax.ShapeDtypeStruct((b, h, tp, vp), jnp.float32), "rows_v"),
-      ("st", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")],
-      n_chunks=tp // cfg.chunk, kp=kp, vp=vp)
-  return out["o"], out["st"]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(cfg, qg, am, u, w, ke, wk, wv, decay, s0):
-  """``(o, final_state)`` (float32) from the padded ``[B, H, Tp, *]`` chunk terms:
-  ``qg, w, ke, wk`` ``[.., Kp]``, ``am`` ``[.., C]`` (``A_qa``), ``u, wv`` ``[.., Vp]``;
-  ``decay [B, H, N, Kp]`` and ``s0 [B, H, Kp, Vp]`` float32."""
-  return _forward_call(cfg, qg, am, u, w, ke, wk, wv, decay, s0)
-
-
-def _core_fwd(cfg, *args):
-  return _forward_call(cfg, *args), args
-
-
-def _core_bwd(cfg, res, cts):
-  qg, am, u, w, ke, wk, wv, decay, s0 = res
-  do, dst = cts
-  b, h, tp, kp = qg.shape
-  vp = u.shape[-1]
-  n = tp // cfg.chunk
-  kw = dict(n_chunks=n, kp=kp, vp=vp)
-  f32 = jnp.float32
-  fwd = _call("states", cfg, [
-      ("u", u, "rows_v"), ("w", w, "rows_k"), ("ke", ke, "rows_k"), ("wk", wk, "rows_k"),
-      ("wv", wv, "rows_v"), ("decay", decay, "decay"), ("s0", s0, "state")], [
-      ("states", jax.ShapeDtypeStruct((b, h, n * kp, vp), f32), "states"),
-      ("d", jax.ShapeDtypeStruct((b, h, tp, vp), f32), "rows_v")], **kw)
-  bwd = _call("bwd", cfg, [
-      ("qg", qg, "rows_k"), ("am", am, "rows_c"), ("w", w, "rows_k"), ("ke", ke, "rows_k"),
-      ("decay", decay, "decay"), ("do", do, "rows_v"), ("dst", dst, "state")], [
-      ("dd", jax.ShapeDtypeStruct((b, h, tp, vp), f32), "rows_v"),
-      ("dsl", jax.ShapeDtypeStruct((b, h, n * kp, vp), f32), "states"),
-      ("ds0", jax.ShapeDtypeStruct((b, h, kp, vp), f32), "state")], **kw)
-  # The rest is parallel over chunks: batched matmuls in XLA.
-  chunks = lambda x: x.reshape(b, h, n, -1, x.shape[-1]).astype(f32)
-  s, dsl = chunks(fwd["states"]), chunks(bwd["dsl"])  # [B, H, N, Kp, Vp]
-  d, dd, dof, wvf = chunks(fwd["d"]), chunks(bwd["dd"]), chunks(do), chunks(wv)
-  precision = jax.lax.Precision.HIGHEST if cfg.exact_dots else None
-  mm = functools.partial(jnp.einsum, precision=precision)
-  rows = lambda x, like: x.reshape(like.shape).astype(like.dtype)
-  dqg = mm("bhncv,bhnkv->bhnck", dof, s)
-  dam = mm("bhniv,bhnjv->bhnij", dof, d)
-  dw = mm("bhncv,bhnkv->bhnck", dd, s)
-  dke = mm("bhncv,bhnkv->bhnck", d, dsl)
-  dwk = mm("bhncv,bhnkv->bhnck", wvf, dsl)
-  dwv = mm("bhnck,bhnkv->bhncv", chunks(wk), dsl)
-  ddecay = jnp.sum(s * dsl, axis=-1)  # [B, H, N, Kp]
-  return (rows(dqg, qg), rows(dam, am), rows(dd, u), rows(dw, w), rows(dke, ke), rows(dwk, wk),
-          rows(dwv, wv), ddecay.astype(decay.dtype), bwd["ds0"].astype(s0.dtype))
-
-
-_core.defvjp(_core_fwd, _core_bwd)
 
 
 # ------------------------------------------------------------------- public API
@@ -153,25 +88,6 @@ def unsupported_arguments(q, v=None, chunk_size=None, platform=None) -> dict[str
     except ValueError as e:
       bad["chunk_size"] = str(e).rstrip(".")  # the caller adds its own
   return bad
-
-
-def _check(q, k, v, a, b, log_decay):
-  """Shapes as in ``ops.dplr_attention``; returns ``(B, T, H, K, V)``."""
-  for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
-    common.check_float(name, x)
-  common.check_rank("q", q, 4)
-  bsz, t, h, dk = q.shape
-  common.check_seq_len(t, "axis 1 of q")
-  if jnp.ndim(a) not in (4, 5):
-    raise ValueError("a must have shape [B, T, H, K] (rank one) or [B, T, H, R, K] (R "
-                     f"sub-steps per token), got {list(jnp.shape(a))}.")
-  lead = (bsz, t, h) + ((a.shape[3],) if jnp.ndim(a) == 5 else ())
-  letters = "[B, T, H, R, *]" if len(lead) == 4 else "[B, T, H, *]"
-  for name, x in (("a", a), ("b", b), ("k", k)):
-    common.check_shape(name, x, lead + (dk,), f"{letters} with B, T, H, K of q and R of a")
-  common.check_shape("v", v, lead + (None,), f"{letters} with B, T, H of q and R of a")
-  common.check_log_decay(log_decay, bsz, t, h, dk)
-  return bsz, t, h, dk, v.shape[-1]
 
 
 def chunk_dplr_attention(
@@ -219,7 +135,7 @@ def chunk_dplr_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
   """
-  bsz, t, h, dk, dv = _check(q, k, v, a, b, log_decay)
+  bsz, t, h, dk, dv = common.check_dplr_inputs(q, k, v, a, b, log_decay)
   common.check_sequence_args("chunk", chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   if block_sizes is None:  # the default depends on the dtype too
@@ -281,7 +197,7 @@ def _chunk_dplr(q, k, v, a, b, log_decay, initial_state, segment_ids, *, scale, 
     s0 = s0.at[:, :, :dk, :dv].set(initial_state.astype(acc))
   decay = jnp.pad(decay, ((0, 0), (0, 0), (0, 0), (0, kp - dk)))
   o, state = _core(cfg, rows(qg, kp), rows(a_qa, chunk), rows(u0, vp), rows(w, kp),
-                   rows(a_end, kp), rows(k_end, kp), rows(vc, vp), decay, s0)
+                   rows(a_end, kp), decay, s0, rows(k_end, kp), rows(vc, vp))
   o = o[..., :dv] + (a_qk @ vc).reshape(bsz, h, tp, dv)
   o = o[:, :, r - 1:t * r:r]  # the read after each token's last sub-step
   return jnp.swapaxes(o, 1, 2).astype(q.dtype), state[:, :, :dk, :dv]

@@ -120,22 +120,8 @@ def _check_like(name: str, x, expected, what: str) -> None:
 
 def _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state, segment_ids):
   """The engine's checks; returns ``(B, T, H, K, V)``."""
-  for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
-    common.check_float(name, x)
-  common.check_rank("q", q, 4)
-  bsz, t, h, dk = q.shape
-  common.check_seq_len(t, "axis 1 of q")
-  if jnp.ndim(a) not in (4, 5):
-    raise ValueError("a must have shape [B, T, H, K] (rank one) or [B, T, H, R, K] (R "
-                     f"sub-steps per token), got {list(jnp.shape(a))}.")
-  lead = (bsz, t, h) + ((a.shape[3],) if jnp.ndim(a) == 5 else ())
-  letters = "[B, T, H, R, *]" if len(lead) == 4 else "[B, T, H, *]"
-  for name, x in (("a", a), ("b", b), ("k", k)):
-    common.check_shape(name, x, lead + (dk,), f"{letters} with B, T, H, K of q and R of a")
-  common.check_shape("v", v, lead + (None,), f"{letters} with B, T, H of q and R of a")
+  bsz, t, h, dk, dv = common.check_dplr_inputs(q, k, v, a, b, log_decay)
   common.check_same_dtype(q=q, k=k, v=v)
-  dv = v.shape[-1]
-  common.check_log_decay(log_decay, bsz, t, h, dk)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   return bsz, t, h, dk, dv
