@@ -186,12 +186,11 @@ def _chunk_dplr(q, k, v, a, b, log_decay, initial_state, segment_ids, *, scale, 
   n = decay.shape[2]
   tp = n * chunk
 
-  def rows(x, width, dtype=q.dtype):  # [B, H, N, C, D] -> [B, H, Tp, width], zero padded
+  def rows(x, width):  # [B, H, N, C, D] -> [B, H, Tp, width] in the input dtype, zero padded
     x = x.reshape(bsz, h, tp, x.shape[-1])
-    return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - x.shape[-1]))).astype(dtype)
+    return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - x.shape[-1]))).astype(q.dtype)
 
-  vc = flat(v)
-  vc = common.pad_axis(vc, chunk, axis=2).reshape(bsz, h, n, chunk, dv)
+  vc = common.pad_axis(flat(v), chunk, axis=2).reshape(bsz, h, n, chunk, dv)
   s0 = jnp.zeros((bsz, h, kp, vp), acc)
   if initial_state is not None:
     s0 = s0.at[:, :, :dk, :dv].set(initial_state.astype(acc))
