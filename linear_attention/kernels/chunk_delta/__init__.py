@@ -59,7 +59,7 @@ target, dtype  kernel  H200                       A100
 =============  ======  =========================  ==========================
 bf16           fwd     126976 B, 120 regs, 0      69632 B, 214 regs, 0
 bf16           states  86016 B, 120 regs, 0       53248 B, 166 regs, 0
-bf16           bwd     139264 B, 130 regs, 0      77824 B, 228 regs, 0
+bf16           bwd     139264 B, 138 regs, 0      77824 B, 228 regs, 0
 float32        fwd     65536 B, 255 regs, 704     65536 B, 255 regs, 3084
 float32        states  65536 B, 255 regs, 40      65536 B, 255 regs, 552
 float32        bwd     81920 B, 255 regs, 1180    65536 B, 168 regs, 5848
