@@ -23,8 +23,13 @@ recorded and the others still run):
    (beta, gate and initial state included); then bfloat16 timings (B=4,
    T=8192, H=16, K=V=128, Gated DeltaNet) of forward and forward+backward,
    Pallas against the XLA chunk form.
-3. ``scan``: the linear-scan kernel vs ``ops.linear_scan`` and timings.
-4. ``flash``: flash attention (``experiments/gpu_check_flash.py``) vs cuDNN
+3. ``chunk_dplr``: the DPLR kernels (chunk_delta's, DPLR algebra) vs the
+   XLA chunk form for KDA (per-channel decay), RWKV-7 and Gated DeltaProduct
+   (R = 2), forward and gradients (initial state included); then bfloat16
+   timings (B=4, T=8192, H=16, K=V=128, KDA) of forward and forward+backward,
+   Pallas against the XLA chunk form.
+4. ``scan``: the linear-scan kernel vs ``ops.linear_scan`` and timings.
+5. ``flash``: flash attention (``experiments/gpu_check_flash.py``) vs cuDNN
    and XLA, with float32 checks against the naive softmax.
 
 At the end it says which ``implementation=None`` default the run has verified
@@ -255,6 +260,66 @@ def chunk_delta_section(args) -> dict:
   return out
 
 
+def _dplr_variants(b, t, h, dk, dv, dtype, chunk_size, seed=0):
+  """``{name: fn(q, v, s0, log_alpha, implementation)}`` for KDA, RWKV-7 and Gated
+  DeltaProduct (R = 2) on shared inputs, and those inputs ``(q, v, s0, log_alpha)``."""
+  q, k, v, beta, _, s0 = _delta_inputs(b, t, h, dk, dv, dtype, seed)
+  ks = jax.random.split(jax.random.PRNGKey(seed + 1), 3)
+  log_alpha = jax.nn.log_sigmoid(jax.random.normal(ks[0], (b, t, h, dk))) / 16
+  icl = jax.nn.sigmoid(jax.random.normal(ks[1], (b, t, h, dk)))
+  k2 = jnp.stack([k, jnp.roll(k, 1, axis=1)], axis=3)
+  beta2 = jnp.stack([beta, 1 - beta], axis=-1)
+  kw = dict(chunk_size=chunk_size, form="chunk")
+  fns = {
+      "kda": lambda q, v, s0, g, impl: ops.kda(q, k, v, beta, g, initial_state=s0,
+                                               return_state=True, implementation=impl, **kw),
+      "rwkv7": lambda q, v, s0, g, impl: ops.rwkv7(q, k, v, g, k, icl, initial_state=s0,
+                                                   return_state=True, implementation=impl, **kw),
+      "gated_deltaproduct": lambda q, v, s0, g, impl: ops.gated_deltaproduct(
+          q, k2, jnp.stack([v, -v], axis=3), beta2, g[..., 0], initial_state=s0,
+          return_state=True, implementation=impl, **kw),
+  }
+  return fns, (q, v, s0, log_alpha)
+
+
+def chunk_dplr_section(args) -> dict:
+  smoke = args.smoke
+  out = {"checks": {}, "timings": {}}
+  b, t, h, dk, dv = (1, 40, 2, 16, 32) if smoke else (2, 1000, 4, 64, 128)
+  chunk = 16 if smoke else 64
+  fns, a = _dplr_variants(b, t, h, dk, dv, jnp.float32, chunk)
+  names = ("q", "v", "s0", "log_decay")
+  for variant, f in fns.items():
+    kern = lambda *x, f=f: f(*x, "pallas")
+    xla = lambda *x, f=f: f(*x, "xla")
+    loss = lambda fn: jax.jit(jax.grad(
+        lambda *x: jnp.sum(fn(*x)[0] ** 2) + jnp.sum(fn(*x)[1]), argnums=(0, 1, 2, 3)))
+    o1, s1 = jax.jit(kern)(*a)
+    o2, s2 = jax.jit(xla)(*a)
+    errs = {"o": max_rel_err(o1, o2), "state": max_rel_err(s1, s2)}
+    errs.update({f"d{n}": max_rel_err(x, y) for n, x, y in zip(names, loss(kern)(*a),
+                                                               loss(xla)(*a))})
+    errs["ok"] = bool(max(errs.values()) < 1e-3)
+    out["checks"][f"float32_{variant}"] = errs
+
+  b, t, h, dk, dv = (1, 64, 2, 16, 16) if smoke else (4, 8192, 16, 128, 128)
+  fns, a = _dplr_variants(b, t, h, dk, dv, jnp.bfloat16, chunk)
+  kda = fns["kda"]
+  reps = 2 if smoke else 10
+  for name, impl in (("pallas", "pallas"), ("xla_chunk", "xla")):
+    f = lambda q, v, s0, g, impl=impl: kda(q, v, s0, g, impl)[0]
+    fwdbwd = jax.jit(jax.grad(lambda *x: jnp.sum(f(*x).astype(jnp.float32)),
+                              argnums=(0, 1, 2, 3)))
+    out["timings"][name] = {"fwd_ms": timeit(jax.jit(f), *a, reps=reps),
+                            "fwdbwd_ms": timeit(fwdbwd, *a, reps=reps)}
+  base, other = out["timings"]["pallas"], out["timings"]["xla_chunk"]
+  out["speedup_vs_xla_chunk"] = {"fwd": other["fwd_ms"] / base["fwd_ms"],
+                                 "fwdbwd": other["fwdbwd_ms"] / base["fwdbwd_ms"]}
+  out["shape"] = dict(B=b, T=t, H=h, K=dk, V=dv, dtype="bfloat16", variant="kda",
+                      chunk_size=chunk)
+  return out
+
+
 # -------------------------------------------------------------------- linear scan
 
 
@@ -321,8 +386,8 @@ def verified_default(result: dict, smoke: bool) -> str:
   if bad:
     return (f"implementation=None default: NOT verified on {device}: {', '.join(bad)} failed; "
             "keep PALLAS_DEFAULT_BACKENDS = () (XLA on GPU).")
-  return (f"implementation=None default: verified on {device} (chunk decay, chunk delta, linear "
-          "scan and flash attention agree with XLA): set PALLAS_DEFAULT_BACKENDS = (\"gpu\",) in "
+  return (f"implementation=None default: verified on {device} (chunk decay, chunk delta, chunk "
+          "DPLR, linear scan and flash attention agree with XLA): set PALLAS_DEFAULT_BACKENDS = (\"gpu\",) in "
           "linear_attention/kernels/dispatch.py to make the kernels the GPU default.")
 
 
@@ -330,7 +395,7 @@ def verified_default(result: dict, smoke: bool) -> str:
 
 
 SECTIONS = {"chunk_decay": chunk_decay_section, "chunk_delta": chunk_delta_section,
-            "scan": scan_section, "flash": flash_section}
+            "chunk_dplr": chunk_dplr_section, "scan": scan_section, "flash": flash_section}
 
 
 def main(argv=None) -> int:

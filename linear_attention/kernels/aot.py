@@ -45,7 +45,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels import chunk_decay, chunk_delta, flash_attention, scan
+from linear_attention.kernels import chunk_decay, chunk_delta, chunk_dplr, flash_attention, scan
 
 # ----------------------------------------------------------------------- targets
 
@@ -183,6 +183,21 @@ def _delta_case(gated, dtype, shape):
   return Case("chunk_delta", f"chunk_delta/{mode}/{dtype}/{shape}", build)
 
 
+def _dplr_case(dtype, shape):
+  """The DPLR engine as KDA and RWKV-7 use it: a per-channel decay, independent write key
+  and correction vectors (float32, as the ops' maps make them), initial and final state."""
+  def build(spec):
+    s, dt = SHAPES[shape], DTYPES[dtype]
+    q = spec((s["b"], s["t"], s["h"], s["k"]), dt)
+    v = spec((s["b"], s["t"], s["h"], s["v"]), dt)
+    ab = spec((s["b"], s["t"], s["h"], s["k"]), jnp.float32)
+    s0 = spec((s["b"], s["h"], s["k"], s["v"]), jnp.float32)
+    fn = lambda q, k, v, a, b, g, s0: chunk_dplr.chunk_dplr_attention(
+        q, k, v, a, b, g, initial_state=s0, return_state=True)
+    return _program(fn, (q, ab, v, ab, ab, ab, s0))
+  return Case("chunk_dplr", f"chunk_dplr/channel/{dtype}/{shape}", build)
+
+
 FLASH_MODES = {
     "causal": dict(causal=True),
     "full_gqa": dict(causal=False, gqa=True),
@@ -227,6 +242,7 @@ def all_cases() -> list[Case]:
     for dtype in DTYPES:
       out += [_chunk_case(mode, dtype, shape) for mode in ("none", "scalar", "vector")]
       out += [_delta_case(gated, dtype, shape) for gated in (False, True)]
+      out.append(_dplr_case(dtype, shape))
       out += [_flash_case(mode, dtype, shape) for mode in FLASH_MODES]
       out.append(_scan_case(dtype, shape, reverse=shape == "odd"))
   return out
@@ -276,7 +292,8 @@ _PTXAS_FN = re.compile(
     r"Function properties for (\S+)\s+(\d+) bytes stack frame, (\d+) bytes spill stores, "
     r"(\d+) bytes spill loads\s+ptxas info\s+: Used (\d+) registers")
 _THUNK = re.compile(r"\] (\S+) grid: \[([\d, ]+)\] threads: \[([\d, ]+)\]\s+shared_memory: (\d+)")
-KERNEL_PREFIXES = ("chunk_decay_", "chunk_delta_", "flash_attention_", "linear_scan")
+KERNEL_PREFIXES = ("chunk_decay_", "chunk_delta_", "chunk_dplr_", "flash_attention_",
+                   "linear_scan")
 
 
 def parse_ptxas(log: str) -> dict[str, dict]:

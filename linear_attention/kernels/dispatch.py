@@ -22,8 +22,11 @@ Vocabulary, the same for every op and kernel:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pl_triton
 
@@ -172,3 +175,34 @@ def triton_compiler_params(num_warps: int | None = None, num_stages: int | None 
   """
   kw = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
   return pl_triton.CompilerParams(**kw)
+
+
+def named_pallas_call(kernel, inputs, outputs, specs, *, grid, name, interpret, compiler_params,
+                      scratch=(), **kernel_kw) -> dict:
+  """A ``pallas_call`` whose kernel sees its refs by name.
+
+  Args:
+    kernel: ``kernel(*refs, names=..., **kernel_kw)``; ``names`` lists the refs
+      in order: the inputs', the outputs', then the scratch buffers'.
+    inputs: ``[(name, array, spec kind)]``; outputs: ``[(name, ShapeDtypeStruct,
+      spec kind)]``; specs: ``{spec kind: BlockSpec}``.
+    grid, name, interpret, compiler_params: as in ``pl.pallas_call``.
+    scratch: ``[(name, scratch shape)]`` (TPU VMEM buffers).
+
+  Returns:
+    ``{output name: array}``.
+  """
+  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs) + tuple(
+      n for n, _ in scratch)
+  out = pl.pallas_call(
+      functools.partial(kernel, names=names, **kernel_kw),
+      grid=grid,
+      in_specs=[specs[s] for _, _, s in inputs],
+      out_specs=[specs[s] for _, _, s in outputs],
+      out_shape=[o for _, o, _ in outputs],
+      scratch_shapes=[shape for _, shape in scratch],
+      compiler_params=compiler_params,
+      interpret=interpret,
+      name=name,
+  )(*(x for _, x, _ in inputs))
+  return dict(zip((n for n, _, _ in outputs), out))

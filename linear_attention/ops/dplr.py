@@ -75,6 +75,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_attention import common
+from linear_attention.kernels import chunk_dplr as kernel
+from linear_attention.kernels import dispatch
 from linear_attention.ops import context as context_lib
 from linear_attention.ops import delta as delta_ops
 from linear_attention.ops.context import SeqContext
@@ -120,22 +122,8 @@ def _check_like(name: str, x, expected, what: str) -> None:
 
 def _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state, segment_ids):
   """The engine's checks; returns ``(B, T, H, K, V)``."""
-  for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
-    common.check_float(name, x)
-  common.check_rank("q", q, 4)
-  bsz, t, h, dk = q.shape
-  common.check_seq_len(t, "axis 1 of q")
-  if jnp.ndim(a) not in (4, 5):
-    raise ValueError("a must have shape [B, T, H, K] (rank one) or [B, T, H, R, K] (R "
-                     f"sub-steps per token), got {list(jnp.shape(a))}.")
-  lead = (bsz, t, h) + ((a.shape[3],) if jnp.ndim(a) == 5 else ())
-  letters = "[B, T, H, R, *]" if len(lead) == 4 else "[B, T, H, *]"
-  for name, x in (("a", a), ("b", b), ("k", k)):
-    common.check_shape(name, x, lead + (dk,), f"{letters} with B, T, H, K of q and R of a")
-  common.check_shape("v", v, lead + (None,), f"{letters} with B, T, H of q and R of a")
+  bsz, t, h, dk, dv = common.check_dplr_inputs(q, k, v, a, b, log_decay)
   common.check_same_dtype(q=q, k=k, v=v)
-  dv = v.shape[-1]
-  common.check_log_decay(log_decay, bsz, t, h, dk)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   return bsz, t, h, dk, dv
@@ -155,6 +143,7 @@ def dplr_attention(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    implementation: str | None = None,
     context: SeqContext | None = None,
 ):
   """The diagonal-plus-low-rank recurrence over a sequence.
@@ -183,6 +172,16 @@ def dplr_attention(
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; no
       state crosses a change of id. ``initial_state`` applies to the first
       segment of each row; the returned state is that at the end of the row.
+    implementation: ``None`` (the Pallas chunk kernel on a backend listed in
+      ``kernels.dispatch.PALLAS_DEFAULT_BACKENDS`` -- none yet -- XLA otherwise),
+      ``"xla"``, or ``"pallas"`` (:mod:`linear_attention.kernels.chunk_dplr`:
+      XLA builds every chunk's terms, the kernels run the state pass and its
+      reverse; on CPU in interpret mode, exact but slow). The kernel is the
+      chunk form (``form`` ``"auto"`` or ``"chunk"``; its ``chunk_size``
+      counts sub-steps); another form, a dtype other than
+      float32/bfloat16/float16 or a ``chunk_size`` the platform cannot tile (a
+      power of two >= 16 on GPU, a multiple of 16 on TPU) make ``"pallas"``
+      raise a ``ValueError``.
     context: None, or a :class:`~linear_attention.ops.context.SeqContext` to run
       with the sequence split over a mesh axis: each device runs ``form`` once on
       its slice with ``K`` extra value columns that carry its transition, folded
@@ -193,20 +192,34 @@ def dplr_attention(
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with
     ``state`` ``[B, H, K, V]`` in float32 (float64 for float64 inputs).
   """
+  pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
                                  segment_ids)
   o, state = _run_in(context, q, k, v, a, b, log_decay,
                      scale=common.resolve_scale(scale, dk), form=form,
                      chunk_size=chunk_size, initial_state=initial_state,
-                     segment_ids=segment_ids)
+                     segment_ids=segment_ids, pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
 
-def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, segment_ids):
+def _use_kernel(implementation, form, q, v, chunk_size) -> bool:
+  """Whether ``implementation`` (see :func:`dplr_attention`) runs the Pallas kernel."""
+  unsupported = kernel.unsupported_arguments(q, v, chunk_size)
+  if form not in ("auto", "chunk"):
+    unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
+  return dispatch.resolve_implementation(implementation, unsupported)
+
+
+def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, segment_ids,
+         pallas=False):
   """Checked inputs in (``k, v, a, b`` with or without the ``R`` axis), ``(o, state)`` out;
-  ``o`` in the accumulation dtype."""
+  ``o`` in the accumulation dtype (the dtype of ``q`` from the kernel, ``pallas=True``)."""
+  if pallas:
+    return kernel.chunk_dplr_attention(q, k, v, a, b, log_decay, scale=scale,
+                                       chunk_size=chunk_size, initial_state=initial_state,
+                                       return_state=True, segment_ids=segment_ids)
   t, h, dk = q.shape[1:]
   if k.ndim == 4:  # rank one: R = 1
     k, v, a, b = (x[:, :, :, None] for x in (k, v, a, b))
@@ -219,18 +232,18 @@ def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, se
 
 
 def _run_in(context, q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state,
-            segment_ids):
+            segment_ids, pallas=False):
   """:func:`_run`, or with a :class:`~linear_attention.ops.context.SeqContext` its
   sequence-parallel form (:func:`~linear_attention.ops.context.affine_call`)."""
   context_lib.check_context(context)
   if context is None:
     return _run(q, k, v, a, b, log_decay, scale=scale, form=form, chunk_size=chunk_size,
-                initial_state=initial_state, segment_ids=segment_ids)
+                initial_state=initial_state, segment_ids=segment_ids, pallas=pallas)
   context.check(*q.shape[:2])
   return context_lib.affine_call(
       _run_returning_state, context, dict(q=q, k=k, v=v, a=a, b=b, log_decay=log_decay),
       initial_state=initial_state, segment_ids=segment_ids, return_state=True,
-      static=(("scale", scale), ("form", form), ("chunk_size", chunk_size)))
+      static=(("scale", scale), ("form", form), ("chunk_size", chunk_size), ("pallas", pallas)))
 
 
 def _run_returning_state(q, k, v, a, b, log_decay, *, return_state, **kwargs):
@@ -549,6 +562,7 @@ def rwkv7(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    implementation: str | None = None,
     context: SeqContext | None = None,
 ):
   """RWKV-7 "Goose" time mixing (Peng et al. 2025, arXiv:2503.14456) on the DPLR engine.
@@ -577,7 +591,7 @@ def rwkv7(
       :func:`rwkv7_bonus` after the norm.
     scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
-      segment_ids, context: as in :func:`dplr_attention`.
+      segment_ids, implementation, context: as in :func:`dplr_attention`.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)`` with state
@@ -585,6 +599,7 @@ def rwkv7(
   """
   bsz, t, h, dk, dv = common.check_qkv(r, k, v, names=("r", "k", "v"))
   _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, t, h))
+  pallas = _use_kernel(implementation, form, r, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
@@ -592,7 +607,7 @@ def rwkv7(
   o, state = _run_in(context, r, k, v, ea, eb, log_w,
                      scale=common.resolve_scale(scale, dk), form=form,
                      chunk_size=chunk_size, initial_state=initial_state,
-                     segment_ids=segment_ids)
+                     segment_ids=segment_ids, pallas=pallas)
   if bonus is not None:
     o = o + rwkv7_bonus(r, k, v, bonus)
   o = o.astype(r.dtype)
@@ -645,6 +660,7 @@ def kda(
     return_state: bool = False,
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
+    implementation: str | None = None,
     context: SeqContext | None = None,
 ):
   """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear"): the gated delta rule with a
@@ -660,7 +676,7 @@ def kda(
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
     log_alpha: ``[B, T, H, K]`` per-channel log decay ``<= 0``, ``-inf``
       included (checked when concrete).
-    scale, form, chunk_size, initial_state, return_state, segment_ids, context: as in
+    scale, form, chunk_size, initial_state, return_state, segment_ids, implementation, context: as in
       :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and ``k`` over ``K`` here.
 
@@ -670,6 +686,7 @@ def kda(
   bsz, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_beta(beta, (bsz, t, h), "[B, T, H]")
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
+  pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
@@ -679,7 +696,7 @@ def kda(
   o, state = _run_in(context, q, wk, v, ea, eb, log_alpha,
                      scale=common.resolve_scale(scale, dk), form=form,
                      chunk_size=chunk_size, initial_state=initial_state,
-                     segment_ids=segment_ids)
+                     segment_ids=segment_ids, pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
@@ -750,6 +767,7 @@ def gated_deltaproduct(
     return_state: bool = False,
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
+    implementation: str | None = None,
     context: SeqContext | None = None,
 ):
   """Gated DeltaProduct (Siems et al. 2025, "DeltaProduct"): ``R`` delta-rule
@@ -767,7 +785,7 @@ def gated_deltaproduct(
     beta: ``[B, T, H, R]`` in ``[0, 2]`` (checked when concrete).
     log_decay: None or ``[B, T, H]`` (one gate per head and token), ``<= 0``.
     scale, form, chunk_size (tokens; ``R`` sub-steps each), initial_state,
-      return_state, segment_ids, context: as in :func:`dplr_attention`.
+      return_state, segment_ids, implementation, context: as in :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and every ``k`` over ``K`` here.
 
   Returns:
@@ -778,6 +796,7 @@ def gated_deltaproduct(
   bsz, t, h, dk = q.shape
   common.check_seq_len(t, "axis 1 of q")
   _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
+  pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
@@ -787,7 +806,7 @@ def gated_deltaproduct(
   o, state = _run_in(context, q, wk, v, ea, eb, log_decay,
                      scale=common.resolve_scale(scale, dk), form=form,
                      chunk_size=chunk_size, initial_state=initial_state,
-                     segment_ids=segment_ids)
+                     segment_ids=segment_ids, pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 

@@ -47,6 +47,10 @@ DETAIL = True  # shared memory, registers and spills per kernel
 #   [64, 128] tiles, one pipeline stage): 704 / 40 / 1180 B on H200 at the
 #   gpu_check shape (Triton's exact float32 dot spilled 49540 / 20228 / 6216 B);
 #   bf16 spills nothing on H200 or A100.
+# * chunk_dplr (chunk_delta's kernels with the DPLR algebra: a per-channel decay
+#   column and the direct writes Ke^T V), float32 only: 1000 / 232 / 2140 B
+#   (fwd / states / bwd) on H200 at the gpu_check shape; the odd shape and bf16
+#   (H200 and A100) spill nothing.
 # * flash_attention dq and dk/dv, float32 only: float32 tiles of a head of 128.
 ACCEPTED_SPILLS: dict[tuple[str, str], int] = {
     ("chunk_decay_bwd_dkv", "bf16"): 512,
@@ -55,6 +59,9 @@ ACCEPTED_SPILLS: dict[tuple[str, str], int] = {
     ("chunk_delta_bwd", "f32"): 1536,
     ("chunk_delta_fwd", "f32"): 1024,
     ("chunk_delta_states", "f32"): 512,
+    ("chunk_dplr_bwd", "f32"): 2560,
+    ("chunk_dplr_fwd", "f32"): 1024,
+    ("chunk_dplr_states", "f32"): 512,
     ("flash_attention_dkv", "f32"): 35840,
     ("flash_attention_dq", "f32"): 512,
 }

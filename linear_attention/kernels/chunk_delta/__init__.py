@@ -59,7 +59,7 @@ target, dtype  kernel  H200                       A100
 =============  ======  =========================  ==========================
 bf16           fwd     126976 B, 120 regs, 0      69632 B, 214 regs, 0
 bf16           states  86016 B, 120 regs, 0       53248 B, 166 regs, 0
-bf16           bwd     139264 B, 130 regs, 0      77824 B, 228 regs, 0
+bf16           bwd     139264 B, 138 regs, 0      77824 B, 228 regs, 0
 float32        fwd     65536 B, 255 regs, 704     65536 B, 255 regs, 3084
 float32        states  65536 B, 255 regs, 40      65536 B, 255 regs, 552
 float32        bwd     81920 B, 255 regs, 1180    65536 B, 168 regs, 5848
@@ -67,6 +67,10 @@ float32        bwd     81920 B, 255 regs, 1180    65536 B, 168 regs, 5848
 
 Float32 uses three-pass TF32 dots on the GPU (``blocks._dot``) and one
 pipeline stage; TPU v5e and v6e compile the same programs (Mosaic).
+
+The same kernels run the DPLR engine (:mod:`linear_attention.kernels.chunk_dplr`)
+with ``KernelConfig.dplr``: ``D = U + W S``, a per-channel chunk decay and
+direct writes ``Wk^T Wv`` (``_core``'s ``wk, wv``).
 
 ``segment_ids`` (packed sequences) are supported: their masks live entirely
 in the XLA part (as in ``ops.delta``), the kernels never see them.
@@ -92,31 +96,40 @@ def _call(kind, cfg: KernelConfig, inputs, outputs, **kw):
   return entry.call(kind, cfg, inputs, outputs, **kw)
 
 
-def _forward_call(cfg, qg, am, u, w, ke, decay, s0):
+def _writes(wk, wv):
+  """The DPLR direct writes as kernel inputs (none for the delta rule)."""
+  return [] if wk is None else [("wk", wk, "rows_k"), ("wv", wv, "rows_v")]
+
+
+def _forward_call(cfg, qg, am, u, w, ke, decay, s0, wk, wv):
   b, h, tp, kp = qg.shape
   vp = u.shape[-1]
+  # DPLR: o in float32, the state-independent A_qk V is added to it outside.
+  o_dtype = jnp.float32 if cfg.dplr else qg.dtype
   out = _call("fwd", cfg, [
       ("qg", qg, "rows_k"), ("am", am, "rows_c"), ("u", u, "rows_v"), ("w", w, "rows_k"),
-      ("ke", ke, "rows_k"), ("decay", decay, "decay"), ("s0", s0, "state")], [
-      ("o", jax.ShapeDtypeStruct((b, h, tp, vp), qg.dtype), "rows_v"),
+      ("ke", ke, "rows_k")] + _writes(wk, wv) + [
+      ("decay", decay, "decay"), ("s0", s0, "state")], [
+      ("o", jax.ShapeDtypeStruct((b, h, tp, vp), o_dtype), "rows_v"),
       ("st", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")],
       n_chunks=tp // cfg.chunk, kp=kp, vp=vp)
   return out["o"], out["st"]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(cfg, qg, am, u, w, ke, decay, s0):
+def _core(cfg, qg, am, u, w, ke, decay, s0, wk, wv):
   """``(o, final_state)`` from the prepared, padded ``[B, H, Tp, *]`` chunk inputs
-  (``decay [B, H, N, 1]`` float32, ``s0 [B, H, Kp, Vp]`` float32)."""
-  return _forward_call(cfg, qg, am, u, w, ke, decay, s0)
+  (``decay [B, H, N, 1]`` float32, or ``[B, H, N, Kp]`` for DPLR; ``s0 [B, H, Kp, Vp]``
+  float32; ``wk [.., Kp]``, ``wv [.., Vp]``: DPLR's direct writes, None for the delta rule)."""
+  return _forward_call(cfg, qg, am, u, w, ke, decay, s0, wk, wv)
 
 
-def _core_fwd(cfg, qg, am, u, w, ke, decay, s0):
-  return _forward_call(cfg, qg, am, u, w, ke, decay, s0), (qg, am, u, w, ke, decay, s0)
+def _core_fwd(cfg, *args):
+  return _forward_call(cfg, *args), args
 
 
 def _core_bwd(cfg, res, cts):
-  qg, am, u, w, ke, decay, s0 = res
+  qg, am, u, w, ke, decay, s0, wk, wv = res
   do, dst = cts
   b, h, tp, kp = qg.shape
   vp = u.shape[-1]
@@ -125,8 +138,8 @@ def _core_bwd(cfg, res, cts):
   kw = dict(n_chunks=n, kp=kp, vp=vp)
   f32 = jnp.float32
   fwd = _call("states", cfg, [
-      ("u", u, "rows_v"), ("w", w, "rows_k"), ("ke", ke, "rows_k"), ("decay", decay, "decay"),
-      ("s0", s0, "state")], [
+      ("u", u, "rows_v"), ("w", w, "rows_k"), ("ke", ke, "rows_k")] + _writes(wk, wv) + [
+      ("decay", decay, "decay"), ("s0", s0, "state")], [
       ("states", jax.ShapeDtypeStruct((b, h, n * kp, vp), f32), "states"),
       ("d", jax.ShapeDtypeStruct((b, h, tp, vp), f32), "rows_v")], **kw)
   bwd = _call("bwd", cfg, [
@@ -144,11 +157,17 @@ def _core_bwd(cfg, res, cts):
   rows = lambda x, like: x.reshape(like.shape).astype(like.dtype)
   dqg = mm("bhncv,bhnkv->bhnck", dof, s)
   dam = mm("bhniv,bhnjv->bhnij", dof, d)
-  dw = -mm("bhncv,bhnkv->bhnck", dd, s)
+  dw = mm("bhncv,bhnkv->bhnck", dd, s)
   dke = mm("bhncv,bhnkv->bhnck", d, dsl)
-  ddecay = jnp.sum(s * dsl, axis=(-2, -1))[..., None]
+  ddecay = jnp.sum(s * dsl, axis=-1)  # [B, H, N, Kp]
+  if not cfg.dplr:  # D = U - W S, one decay per chunk
+    dw, ddecay = -dw, jnp.sum(ddecay, axis=-1, keepdims=True)
+  dwk = dwv = None
+  if wk is not None:
+    dwk = rows(mm("bhncv,bhnkv->bhnck", chunks(wv), dsl), wk)
+    dwv = rows(mm("bhnck,bhnkv->bhncv", chunks(wk), dsl), wv)
   return (rows(dqg, qg), rows(dam, am), rows(dd, u), rows(dw, w), rows(dke, ke),
-          ddecay.astype(decay.dtype), bwd["ds0"].astype(s0.dtype))
+          ddecay.astype(decay.dtype), bwd["ds0"].astype(s0.dtype), dwk, dwv)
 
 
 _core.defvjp(_core_fwd, _core_bwd)
@@ -277,5 +296,5 @@ def _chunk_delta(q, k, v, beta, log_decay, initial_state, segment_ids, *, scale,
   if initial_state is not None:
     s0 = s0.at[:, :, :dk, :dv].set(initial_state.astype(jnp.float32))
   o, state = _core(cfg, rows(qg, kp), rows(am, chunk), rows(u, vp), rows(w, kp), rows(ke, kp),
-                   decay[..., None], s0)
+                   decay[..., None], s0, None, None)
   return jnp.swapaxes(o[:, :, :t, :dv], 1, 2), state[:, :, :dk, :dv]

@@ -85,6 +85,9 @@ class KernelConfig:
   platform: str
   interpret: object  # False | True | pltpu.InterpretParams
   exact_dots: bool   # float32 inputs: full-precision dots
+  # The DPLR algebra (kernels.chunk_dplr): pseudo-values U + W S and a
+  # per-channel chunk decay [K, 1]; the delta rule's are U - W S and a scalar.
+  dplr: bool = False
   num_warps: int | None = None
   num_stages: int | None = None
 
@@ -112,23 +115,34 @@ def _rows(ref, start, size):
   return ref[pl.ds(start, size), :]
 
 
+def decay_rows(cfg: KernelConfig, kp: int) -> int:
+  """Rows of the chunk-decay column per chunk: ``kp`` (per key channel, DPLR) or 1."""
+  return kp if cfg.dplr else 1
+
+
 def fwd_block(r, base, a, state, cfg: KernelConfig):
   """One chunk of the state pass; returns the state leaving the chunk.
 
-  ``D = U - W S`` (the pseudo-values), then ``S' = a S + Ke^T D``. Stores
-  ``o = Qg S + Am D`` when ``r`` has ``"o"``, and ``D`` when it has ``"d"``.
-  ``state [K, bv]`` float32 is the state entering the chunk, ``a [1, 1]``.
+  ``D = U - W S`` (the pseudo-values; ``U + W S`` when ``cfg.dplr``), then
+  ``S' = a S + Ke^T D`` (plus ``Wk^T Wv``, the chunk's direct writes, when
+  ``r`` has ``"wk"``). Stores ``o = Qg S + Am D`` when ``r`` has ``"o"``, and
+  ``D`` when it has ``"d"``. ``state [K, bv]`` float32 is the state entering
+  the chunk, ``a`` the chunk decay, ``[1, 1]`` or ``[K, 1]``.
   """
   c, dt = cfg.chunk, r["w"].dtype
-  d = _rows(r["u"], base, c).astype(jnp.float32) - _dot(_rows(r["w"], base, c), state, "nn",
-                                                         cfg, dt)
+  ws = _dot(_rows(r["w"], base, c), state, "nn", cfg, dt)
+  u = _rows(r["u"], base, c).astype(jnp.float32)
+  d = u + ws if cfg.dplr else u - ws
   if "o" in r:
     o = (_dot(_rows(r["qg"], base, c), state, "nn", cfg, dt)
          + _dot(_rows(r["am"], base, c), d, "nn", cfg, dt))
     r["o"][pl.ds(base, c), :] = o.astype(r["o"].dtype)
   if "d" in r:
     r["d"][pl.ds(base, c), :] = d.astype(r["d"].dtype)
-  return a * state + _dot(_rows(r["ke"], base, c), d, "tn", cfg, dt)
+  new = a * state + _dot(_rows(r["ke"], base, c), d, "tn", cfg, dt)
+  if "wk" in r:
+    new = new + _dot(_rows(r["wk"], base, c), _rows(r["wv"], base, c), "tn", cfg, dt)
+  return new
 
 
 def bwd_block(r, base, a, dstate, cfg: KernelConfig):
@@ -136,12 +150,14 @@ def bwd_block(r, base, a, dstate, cfg: KernelConfig):
 
   ``dstate [K, bv]``: the gradient of the state leaving the chunk. Stores the
   gradient of the pseudo-values ``dD = Am^T dO + Ke dS'`` (rows of ``"dd"``);
-  the state entering is ``a dS' + Qg^T dO - W^T dD``.
+  the state entering is ``a dS' + Qg^T dO - W^T dD`` (``+ W^T dD`` when
+  ``cfg.dplr``). The direct writes ``Wk^T Wv`` do not depend on the state.
   """
   c, dt = cfg.chunk, r["w"].dtype
   do = _rows(r["do"], base, c)
   dd = (_dot(_rows(r["am"], base, c), do, "tn", cfg, dt)
         + _dot(_rows(r["ke"], base, c), dstate, "nn", cfg, dt))
   r["dd"][pl.ds(base, c), :] = dd.astype(r["dd"].dtype)
-  return (a * dstate + _dot(_rows(r["qg"], base, c), do, "tn", cfg, dt)
-          - _dot(_rows(r["w"], base, c), dd, "tn", cfg, dt))
+  wdd = _dot(_rows(r["w"], base, c), dd, "tn", cfg, dt)
+  ds = a * dstate + _dot(_rows(r["qg"], base, c), do, "tn", cfg, dt)
+  return ds + wdd if cfg.dplr else ds - wdd

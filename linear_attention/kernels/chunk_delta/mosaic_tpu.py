@@ -5,17 +5,17 @@ with the float32 state (or its gradient) in a VMEM scratch that persists
 across it, so Pallas pipelines each chunk's HBM->VMEM copies. Blocks are
 ``(chunk, K)``, ``(chunk, block_v)`` and ``(chunk, chunk)``: ``chunk`` a
 multiple of 16, ``block_v`` a multiple of 128 or all of ``V`` (the (8, 128)
-tiling). The chunk's total decay is a ``(1, 1)`` block.
+tiling). The chunk's total decay is a ``(1, 1)`` block, or ``(K, 1)`` (one
+per key channel) for the DPLR algebra (``cfg.dplr``).
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from linear_attention.kernels import dispatch
 from linear_attention.kernels.chunk_delta import blocks
 
 
@@ -68,7 +68,8 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, kp: int, reverse: bool):
       "rows_k": pl.BlockSpec((None, None, c, kp), lambda b, h, jv, n: (b, h, ch(n), 0)),
       "rows_c": pl.BlockSpec((None, None, c, c), lambda b, h, jv, n: (b, h, ch(n), 0)),
       "rows_v": pl.BlockSpec((None, None, c, bv), lambda b, h, jv, n: (b, h, ch(n), jv)),
-      "decay": pl.BlockSpec((None, None, None, 1, 1), lambda b, h, jv, n: (b, h, ch(n), 0, 0)),
+      "decay": pl.BlockSpec((None, None, None, blocks.decay_rows(cfg, kp), 1),
+                            lambda b, h, jv, n: (b, h, ch(n), 0, 0)),
       "state": pl.BlockSpec((None, None, kp, bv), lambda b, h, jv, n: (b, h, 0, jv)),
       "states": pl.BlockSpec((None, None, kp, bv), lambda b, h, jv, n: (b, h, ch(n), jv)),
   }
@@ -82,20 +83,14 @@ def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int,
   """Runs the ``kind`` kernel; arguments as in :func:`..triton.call`. The backward
   (``"bwd"``) visits the chunks last to first."""
   b, h, _ = inputs[0][1].shape[:3]
-  specs = _specs(cfg, n_chunks, kp, reverse=kind == "bwd")
-  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs) + ("acc",)
-  # The decay column [B, H, N, 1] as (1, 1) blocks: the last two dims are whole.
-  args = [x.reshape(b, h, n_chunks, 1, 1) if s == "decay" else x for _, x, s in inputs]
-  out = pl.pallas_call(
-      functools.partial(_KERNELS[kind], names=names, cfg=cfg, n_chunks=n_chunks),
-      grid=(b, h, vp // cfg.block_v, n_chunks),
-      in_specs=[specs[s] for _, _, s in inputs],
-      out_specs=[specs[s] for _, _, s in outputs],
-      out_shape=[o for _, o, _ in outputs],
-      scratch_shapes=[pltpu.VMEM((kp, cfg.block_v), jnp.float32)],
+  # The decay column [B, H, N, rows] as (rows, 1) blocks: the last two dims are whole.
+  inputs = [(n, x.reshape(b, h, n_chunks, -1, 1) if s == "decay" else x, s)
+            for n, x, s in inputs]
+  return dispatch.named_pallas_call(
+      _KERNELS[kind], inputs, outputs, _specs(cfg, n_chunks, kp, reverse=kind == "bwd"),
+      grid=(b, h, vp // cfg.block_v, n_chunks), interpret=cfg.interpret,
+      name=f"{'chunk_dplr' if cfg.dplr else 'chunk_delta'}_{kind}",
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
-      interpret=cfg.interpret,
-      name=f"chunk_delta_{kind}",
-  )(*args)
-  return dict(zip((n for n, _, _ in outputs), out))
+      scratch=[("acc", pltpu.VMEM((kp, cfg.block_v), jnp.float32))],
+      cfg=cfg, n_chunks=n_chunks)

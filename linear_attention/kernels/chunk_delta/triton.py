@@ -4,12 +4,11 @@ Grid ``(B, H, V / block_v)``: each program sees whole sequences of its
 ``(batch, head)`` as refs and walks the chunks with ``fori_loop``, the float32
 state ``[K, block_v]`` (or its gradient) in registers. ``K`` and ``V`` arrive
 zero-padded to powers of two >= 16 (Triton's power-of-two blocks and dots of
-at least 16 rows). The chunk decays are a ``[N, 1]`` column per head.
+at least 16 rows). The chunk decays are a ``[N, 1]`` column per head, or
+``[N K, 1]`` (one per key channel) for the DPLR algebra (``cfg.dplr``).
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax.numpy as jnp
 from jax import lax
@@ -23,11 +22,12 @@ def _gpu_fwd_kernel(*refs, names, cfg, n_chunks, kp):
   """``o`` and the final state (``kind="fwd"``), or the entering states and ``D``
   (``kind="states"``, for the backward)."""
   r = dict(zip(names, refs))
+  rows = blocks.decay_rows(cfg, kp)
 
   def body(j, state):
     if "states" in r:
       r["states"][pl.ds(j * kp, kp), :] = state
-    a = r["decay"][pl.ds(j, 1), :]
+    a = r["decay"][pl.ds(j * rows, rows), :]
     return blocks.fwd_block(r, pl.multiple_of(j * cfg.chunk, cfg.chunk), a, state, cfg)
 
   state = lax.fori_loop(0, n_chunks, body, r["s0"][...].astype(jnp.float32))
@@ -38,11 +38,12 @@ def _gpu_fwd_kernel(*refs, names, cfg, n_chunks, kp):
 def _gpu_bwd_kernel(*refs, names, cfg, n_chunks, kp):
   """The reverse sweep: ``dD`` per chunk, ``dS`` leaving each chunk, ``dS_0``."""
   r = dict(zip(names, refs))
+  rows = blocks.decay_rows(cfg, kp)
 
   def body(i, dstate):
     j = n_chunks - 1 - i
     r["dsl"][pl.ds(j * kp, kp), :] = dstate
-    a = r["decay"][pl.ds(j, 1), :]
+    a = r["decay"][pl.ds(j * rows, rows), :]
     return blocks.bwd_block(r, pl.multiple_of(j * cfg.chunk, cfg.chunk), a, dstate, cfg)
 
   r["ds0"][...] = lax.fori_loop(0, n_chunks, body, r["dst"][...].astype(jnp.float32))
@@ -55,7 +56,8 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
       "rows_k": pl.BlockSpec((None, None, tp, kp), lambda b, h, jv: (b, h, 0, 0)),
       "rows_c": pl.BlockSpec((None, None, tp, cfg.chunk), lambda b, h, jv: (b, h, 0, 0)),
       "rows_v": pl.BlockSpec((None, None, tp, bv), lambda b, h, jv: (b, h, 0, jv)),
-      "decay": pl.BlockSpec((None, None, n_chunks, 1), lambda b, h, jv: (b, h, 0, 0)),
+      "decay": pl.BlockSpec((None, None, n_chunks * blocks.decay_rows(cfg, kp), 1),
+                            lambda b, h, jv: (b, h, 0, 0)),
       "state": pl.BlockSpec((None, None, kp, bv), lambda b, h, jv: (b, h, 0, jv)),
       "states": pl.BlockSpec((None, None, n_chunks * kp, bv), lambda b, h, jv: (b, h, 0, jv)),
   }
@@ -72,16 +74,11 @@ def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int,
   ``[(name, ShapeDtypeStruct, spec kind)]``. Returns ``{name: array}``.
   """
   b, h, tp = inputs[0][1].shape[:3]
-  specs = _specs(cfg, n_chunks, tp, kp)
-  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs)
-  out = pl.pallas_call(
-      functools.partial(_KERNELS[kind], names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
-      grid=(b, h, vp // cfg.block_v),
-      in_specs=[specs[s] for _, _, s in inputs],
-      out_specs=[specs[s] for _, _, s in outputs],
-      out_shape=[o for _, o, _ in outputs],
-      interpret=cfg.interpret,
-      name=f"chunk_delta_{kind}",
+  # The decay column [B, H, N, rows] as [B, H, N rows, 1].
+  inputs = [(n, x.reshape(b, h, -1, 1) if s == "decay" else x, s) for n, x, s in inputs]
+  return dispatch.named_pallas_call(
+      _KERNELS[kind], inputs, outputs, _specs(cfg, n_chunks, tp, kp),
+      grid=(b, h, vp // cfg.block_v), interpret=cfg.interpret,
+      name=f"{'chunk_dplr' if cfg.dplr else 'chunk_delta'}_{kind}",
       compiler_params=dispatch.triton_compiler_params(cfg.num_warps, cfg.num_stages),
-  )(*(x for _, x, _ in inputs))
-  return dict(zip((n for n, _, _ in outputs), out))
+      cfg=cfg, n_chunks=n_chunks, kp=kp)
