@@ -15,7 +15,7 @@ training length, while gated linear-time models (Mamba, GLA, RetNet) keep a flat
 loss far beyond it. Sliding-window attention extrapolates by construction (it never sees
 more than its window).
 
-    python experiments/study_extrapolation.py           # full size (about 30 process-minutes)
+    python experiments/study_extrapolation.py           # full size (about 50 process-minutes)
     python experiments/study_extrapolation.py --smoke   # tiny, for CI
 
 Writes ``<out>/extrapolation.json`` (runs, curves, per-bucket losses) and
@@ -32,7 +32,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
 
-FULL = dict(mixers=("softmax", "local", "gla", "retnet", "mamba", "mamba2", "gated_deltanet"),
+# Mamba and Gated DeltaNet (2-3x slower to train here) were left out for time on 2 shared
+# cores; ``--mixers softmax,...,mamba`` adds them (finished runs are reused).
+FULL = dict(mixers=("softmax", "local", "gla", "retnet", "mamba2"),
             corpus="kjv", d_model=64, num_layers=2, num_heads=2, reference_mlp_ratio=4.0,
             seq_len=512, batch=8, steps=400, lr=3e-3, eval_batches=8, eval_len=16384,
             eval_windows=8)
@@ -166,8 +168,8 @@ def main() -> int:
          "elapsed_s": time.time() - t0, "training_tokens": tokens,
          "budget": {"training_tokens": tokens, "steps": steps,
                     "note": "the papers train 100M-1.3B-parameter models on 15-100B tokens at "
-                            "2k-8k context; this is a 150k-parameter byte model on "
-                            f"{tokens / 1e6:.2f}M bytes"},
+                            f"2k-8k context; this is a width-{size['d_model']}, "
+                            f"{size['num_layers']}-layer byte model on {tokens:,} bytes"},
          "environment": su.environment(shared_machine=True), "summary": summary,
          "table": table, "runs": rows}
   cols = [("mixer", "mixer", "{}"), ("start", "from", "{}"), ("stop", "to", "{}"),
