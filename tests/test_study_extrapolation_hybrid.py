@@ -89,3 +89,11 @@ def test_hybrid_claims_follow_the_rules():
   assert [r["verdict"] for r in rows] == [claims.NOT_REPRODUCED, claims.NOT_REPRODUCED]
   rows = claims.hybrid_claims(_hybrid_result({"AAAA": (0.99, 0.002)}, {"SSSA": 2.0}))
   assert [r["verdict"] for r in rows] == [claims.NOT_MEASURED] * 2
+
+
+def test_hybrid_recall_without_a_softmax_model_needs_the_task_solved():
+  lm = {"SSSS": 2.2, "SSSA": 2.1, "AAAA": 2.5}
+  rows = claims.hybrid_claims(_hybrid_result({"SSSS": (0.10, 0.01), "SSSA": (0.60, 0.01)}, lm))
+  assert rows[0]["verdict"] == claims.IN_SHAPE
+  rows = claims.hybrid_claims(_hybrid_result({"SSSS": (0.10, 0.01), "SSSA": (0.96, 0.004)}, lm))
+  assert rows[0]["verdict"] == claims.REPRODUCED
