@@ -66,6 +66,7 @@ def points(size: dict, task: str, vocab: int) -> list[dict]:
 def mqar_rows(size: dict, args) -> list[dict]:
   """Trains and scores the MQAR points; returns the runs with their test accuracy. A run
   stopped before its last step is scored at its newest checkpoint (``stopped_at``)."""
+  from linear_attention import models
   from linear_attention.train import checkpoint, results
   m = size["mqar"]
   steps = su.scaled_steps(m["steps"], args)
@@ -90,16 +91,20 @@ def mqar_rows(size: dict, args) -> list[dict]:
   num_batches = -(-m["test_queries"] // per_batch)
   for r in rows:
     r["task"] = "mqar"
-    stopped_at = checkpoint.newest_step_on_disk(r["workdir"]) if r["status"] == "stopped" else None
+    # Stopped part-way (``collect`` reports such a point "not run"): its newest checkpoint.
+    stopped_at = None if r["status"] == "done" else checkpoint.newest_step_on_disk(r["workdir"])
     if r["status"] != "done" and not stopped_at:
       continue
+    if stopped_at:
+      r["status"] = "stopped"
     res = results.evaluate_checkpoint(r["workdir"], {"batch_size": m["eval_batch_size"]},
                                       num_batches=num_batches, split="test")
     n = num_batches * per_batch
     r.update(score=res["accuracy"], se=su.binomial_se(res["accuracy"], n), test_items=n,
              state_floats=study_mqar.state_floats(r["workdir"], m["seq_len"]),
              steps_run=stopped_at or r["metrics"]["step"], stopped_at=stopped_at,
-             num_params=(r.get("metrics") or {}).get("num_params"))
+             num_params=(r.get("metrics") or {}).get("num_params") or models.count_params(
+                 results.load_model(r["workdir"])[0]))
   return rows
 
 
