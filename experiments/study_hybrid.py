@@ -39,7 +39,7 @@ import study_mqar  # noqa: E402
 # 5 s a step on the shared 2 cores); the recall study's two-layer softmax solves this setting
 # (0.995 at 500 steps). The LM trains half the LM study's steps for the same reason.
 FULL = dict(num_layers=4, num_heads=2,
-            mqar=dict(patterns=("SSSA", "SSSS"), d_model=64, seq_len=128, num_kv_pairs=8,
+            mqar=dict(patterns=("SSSA", "SSSS", "AAAA"), d_model=64, seq_len=128, num_kv_pairs=8,
                       vocab=8192, batch=64, steps=500, lr=3e-3, eval_every=100, eval_batches=2,
                       short_conv=3, early_stop=0.99, reference_mlp_ratio=2.0, test_queries=2048,
                       eval_batch_size=64),
@@ -132,8 +132,17 @@ def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "hybrid")
   p.add_argument("--tasks", default="mqar,lm", help="comma-separated: mqar, lm")
+  p.add_argument("--patterns", help="comma-separated patterns to keep among the size's "
+                 "(default: all); a subset trains (or collects) only those points")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
+  if args.patterns:
+    keep = args.patterns.split(",")
+    known = {q for t in ("mqar", "lm") for q in size[t]["patterns"]}
+    if not set(keep) <= known:
+      raise ValueError(f"--patterns must be among {sorted(known)}; got {sorted(set(keep) - known)}.")
+    size = {**size, **{t: {**size[t], "patterns": tuple(q for q in size[t]["patterns"] if q in keep)}
+                       for t in ("mqar", "lm")}}
   tasks = args.tasks.split(",")
   unknown = sorted(set(tasks) - {"mqar", "lm"})
   if unknown:
