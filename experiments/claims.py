@@ -128,7 +128,7 @@ against the last bucket inside it (positions L/2 to L), with its SE over windows
 * softmax with RoPE degrades: its last bucket significantly above and by more than
   ``EXTRAP_TOL`` (0.05 nats): reproduced; some bucket beyond significantly above:
   reproduced in shape; else not reproduced.
-* Mamba, GLA and RetNet (``EXTRAP_GATED``) extrapolate: each one's worst bucket beyond at
+* Mamba, GLA and RetNet (``EXTRAP_GATED``, with Mamba-2) extrapolate: each one's worst bucket beyond at
   most ``EXTRAP_TOL`` above or not significantly above: reproduced; some flat and every one
   rising less than softmax: reproduced in shape; else not reproduced.
 
@@ -979,7 +979,7 @@ def approximation_claims(result: dict) -> list[dict]:
 # ----------------------------------------------------------------------------- extrapolation
 
 EXTRAP_TOL = 0.05  # nats per byte: a rise this small beyond the training length is "flat"
-EXTRAP_GATED = ("mamba", "gla", "retnet")
+EXTRAP_GATED = ("mamba", "mamba2", "gla", "retnet")  # Mamba-2 stands in for Mamba when it is absent
 EXTRAP_CLAIMS = {
     "rope": ("Softmax attention with RoPE degrades past its training length (loss per position)",
              "Press et al. 2022 (ALiBi), figure 1; GLA (Yang et al. 2024), length extrapolation",
@@ -1043,6 +1043,8 @@ def extrapolation_claims(result: dict) -> list[dict]:
       v, why = IN_SHAPE, "some flat, all rising less than softmax"
     else:
       v, why = NOT_REPRODUCED, "not flat and not below softmax's rise"
+    absent = [m for m in EXTRAP_GATED if m not in have]
+    why += f" ({', '.join(absent)} not evaluated)" if absent else ""
     rows.append(_row(study, claim, source, published, text, v, f"{why}; {budget}"))
   return _finish(rows, result, result.get("runs") or [])
 
