@@ -1090,13 +1090,13 @@ def hybrid_claims(result: dict) -> list[dict]:
   budget = (f"budget: at most {cfg['mqar']['batch'] * cfg['mqar']['steps']:,} MQAR examples "
             f"(T={cfg['mqar']['seq_len']}, {cfg['mqar']['num_kv_pairs']} pairs), "
             f"{cfg['num_layers']} layers at equal parameters; 1 seed")
+  text = "; ".join(f"{k} {r['pattern']} {_acc(r['score'], r['se'], r['test_items'])} after "
+                   f"{r.get('steps_run')} steps" for k, r in mq.items()) or "-"
   if not {"hybrid", "recurrent"} <= set(mq):
-    rows.append(_row(study, claim, source, published, "-", NOT_MEASURED,
+    rows.append(_row(study, claim, source, published, text, NOT_MEASURED,
                      f"needs the hybrid and the pure recurrent model; {budget}"))
   else:
     h, rec = mq["hybrid"], mq["recurrent"]
-    text = "; ".join(f"{k} {r['pattern']} {_acc(r['score'], r['se'], r['test_items'])}"
-                     for k, r in mq.items())
     up = significant(h["score"] - rec["score"], diff_se(h["se"], rec["se"]))
     sm = mq.get("softmax")  # without a pure softmax model, only "solved" counts
     near = sm is not None and not significant(sm["score"] - h["score"], diff_se(sm["se"], h["se"]))
