@@ -1125,7 +1125,9 @@ def hybrid_claims(result: dict) -> list[dict]:
     else:
       v, why = NOT_REPRODUCED, f"hybrid worse than the better pure model by > {CLOSE_BPB}"
     rows.append(_row(study, claim, source, published, text, v, f"{why}; {budget}"))
-  return _finish(rows, result, result.get("runs") or [])
+  runs = result.get("runs") or []  # each row is partial only where its own task's runs are
+  return [_finish([row], result, [r for r in runs if r.get("task") == task])[0]
+          for row, task in zip(rows, ("mqar", "lm"))]
 
 
 # ----------------------------------------------------------------------------- all studies
