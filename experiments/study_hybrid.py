@@ -46,7 +46,7 @@ FULL = dict(num_layers=4, num_heads=2,
             lm=dict(patterns=("SSSA", "SSSS", "AAAA"), d_model=64, seq_len=256, batch=16,
                     steps=150, lr=3e-3, eval_batches=16, reference_mlp_ratio=4.0))
 SMOKE = dict(num_layers=2, num_heads=2,
-             mqar=dict(patterns=("AA", "SS", "SA"), d_model=32, seq_len=32, num_kv_pairs=4,
+             mqar=dict(patterns=("SS", "SA"), d_model=32, seq_len=32, num_kv_pairs=4,
                        vocab=64, batch=8, steps=10, lr=3e-3, eval_every=10, eval_batches=1,
                        short_conv=3, early_stop=0.99, reference_mlp_ratio=2.0, test_queries=16,
                        eval_batch_size=8),
