@@ -1115,6 +1115,7 @@ class Kernel:
 
 CHUNK_DECAY = Kernel("chunk_decay_attention", segments=False)
 CHUNK_DELTA = Kernel("chunk_delta_attention")
+CHUNK_DPLR = Kernel("chunk_dplr_attention")
 FLASH_ATTENTION = Kernel("flash_attention")
 LINEAR_SCAN_KERNEL = Kernel("the Pallas linear_scan")
 
@@ -1154,6 +1155,10 @@ KERNEL_CASES = (
     KernelCase(REBASED, CHUNK_DECAY),
     KernelCase(DELTANET, CHUNK_DELTA),
     KernelCase(GATED_DELTANET, CHUNK_DELTA, GPU_TPU),
+    KernelCase(KDA, CHUNK_DPLR, GPU_TPU),  # per-channel decay, rank one
+    KernelCase(RWKV7, CHUNK_DPLR),
+    KernelCase(GATED_DELTAPRODUCT, CHUNK_DPLR),  # rank R: R sub-steps a token
+    KernelCase(DPLR, CHUNK_DPLR),
     KernelCase(SOFTMAX, FLASH_ATTENTION),
     KernelCase(SLIDING_WINDOW, FLASH_ATTENTION, GPU_TPU),  # a band, causal, segments
     KernelCase(LINEAR_SCAN, LINEAR_SCAN_KERNEL, GPU_TPU),
