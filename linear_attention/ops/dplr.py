@@ -95,6 +95,10 @@ Array = jax.Array
 # single-threaded Eigen (``--xla_cpu_multi_thread_eigen=false``) the recurrent form's
 # backward slows 3-4x and the chunk form wins fwd+bwd (RWKV-7 at 4k: 0.61 s against 1.72
 # s); pass ``form="chunk"`` there. On GPU and TPU the chunk form's matmuls are the fast path.
+# Rerun after the in-chunk scores shared their decay factors (a KDA fwd+bwd process at
+# 4k, compile included: 0.77x the CPU time of before) on a machine loaded ~10x over its cores
+# (results/bench_delta_forms_cpu_loaded.json, matmul 15.5 GFLOP/s): the chunk form was still
+# the slower, fwd+bwd 0.19-0.23x the recurrent form's speed for KDA and 0.27-0.62x for RWKV-7.
 DEFAULT_FORMS = {"cpu": "recurrent"}
 
 
