@@ -260,82 +260,105 @@ def _subchunk_size(c: int) -> int:
   return max(d for d in range(1, min(c, _SUBCHUNK) + 1) if c % d == 0)
 
 
-def _intra_factors(q, k, gc):
-  """The sub-chunk pieces of the per-channel in-chunk scores (see :func:`_intra_scores_vector`).
+def _intra_factors(gc):
+  """The sub-chunk factors of ``exp(G_i - G_j)`` (``j <= i``) in a chunk, for :func:`_intra_scores`.
 
-  Returns ``(qs, ks, eq, ek, bridge, pair)`` on ``[..., n, s, K]`` sub-chunks: ``eq = exp(G_i -
-  R_I)`` and ``ek = exp(E_J - G_j)``, where ``R_I`` is the log decay just before sub-chunk
-  ``I`` and ``E_J`` that at the end of ``J``; ``bridge [..., I, J, K] = exp(R_I - E_J)`` for
-  ``I > J`` (else 0); ``pair [..., n, i, j, K] = exp(G_i - G_j)`` inside a sub-chunk for
-  ``j <= i`` (else 0). Every exponent is ``<= 0``.
+  Args: ``gc [..., C, K]``, the in-chunk cumulative log decay. With sub-chunks of ``s`` steps
+  (``n = C / s``), ``R_I`` the log decay just before sub-chunk ``I`` and ``E_J`` that at the
+  end of ``J``, returns ``(row, col, pair)``: ``row [..., n, s, K] = exp(G_i - R_I)``;
+  ``col [..., n, C, K] = exp(R_I - G_j)`` for ``j`` before sub-chunk ``I`` (else 0), built as
+  ``exp(R_I - E_J) exp(E_J - G_j)`` so it costs ``n^2 + C`` exps per channel, not ``n C``;
+  ``pair [..., n, K, s, s] = exp(G_i - G_j)`` for ``j <= i`` inside one sub-chunk (else 0;
+  K ahead of the pair axes: with K the minor axis, XLA's CPU backend ran the in-sub-chunk
+  contractions as strided matrix-vector products, 3x slower). Every exponent is ``<= 0``.
   """
-  c, dk = q.shape[-2:]
+  c, dk = gc.shape[-2:]
   s = _subchunk_size(c)
   n = c // s
-  lead = q.shape[:-2]
-  qs, ks, gs = (x.reshape(lead + (n, s, dk)) for x in (q, k, gc))
-  ends = gs[..., -1, :]  # [..., n, K]
-  ref = jnp.concatenate([jnp.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], axis=-2)
-  eq = jnp.exp(gs - ref[..., :, None, :])
-  ek = jnp.exp(ends[..., :, None, :] - gs)
+  gs = gc.reshape(gc.shape[:-2] + (n, s, dk))
+  ends = gs[..., -1, :]  # E_J, [..., n, K]
+  ref = jnp.concatenate([jnp.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], axis=-2)  # R_I
+  row = jnp.exp(gs - ref[..., :, None, :])
   below = jnp.tril(jnp.ones((n, n), bool), -1)
   bridge = jnp.exp(jnp.where(below[:, :, None], ref[..., :, None, :] - ends[..., None, :, :],
-                             -jnp.inf))
+                             -jnp.inf))  # [..., I, J, K]
+  to_end = jnp.exp(ends[..., :, None, :] - gs)  # [..., J, j, K]
+  col = (bridge[..., :, :, None, :] * to_end[..., None, :, :, :]).reshape(
+      gc.shape[:-2] + (n, c, dk))
+  gt = jnp.swapaxes(gs, -1, -2)  # [..., n, K, s]
   tri = jnp.tril(jnp.ones((s, s), bool))
-  pair = jnp.exp(jnp.where(tri[:, :, None], gs[..., :, None, :] - gs[..., None, :, :], -jnp.inf))
-  return qs, ks, eq, ek, bridge, pair
+  pair = jnp.exp(jnp.where(tri, gt[..., :, None] - gt[..., None, :], -jnp.inf))
+  return row, col, pair
+
+
+def _intra_parts(x, y, gc):
+  """``x, y`` as sub-chunks with the factors applied; shared by the forward and backward."""
+  row, col, pair = _intra_factors(gc)
+  n, s = row.shape[-3:-1]
+  lead = gc.shape[:-2]
+  x4 = x.reshape(lead + (x.shape[-3], n, s, x.shape[-1]))  # [..., R, n, s, K]
+  y4 = y.reshape(lead + (y.shape[-3], n, s, y.shape[-1]))
+  xs = x4 * row[..., None, :, :, :]  # exp(G_i - R_I) x_i
+  yt = y[..., :, None, :, :] * col[..., None, :, :, :]  # exp(R_I - G_j) y_j, [..., P, n, C, K]
+  return x4, y4, row, xs, yt, col, pair
 
 
 @jax.custom_vjp
-def _intra_scores_vector(q, k, gc):
-  """Causal in-chunk scores ``sum_k q_ik k_jk exp(G_ik - G_jk)`` for ``j <= i``.
+def _intra_scores(x, y, gc):
+  """Causal in-chunk scores ``sum_k x_ik y_jk exp(G_ik - G_jk)`` (``j <= i``) of every pair of
+  ``R`` row and ``P`` column inputs, sharing the decay factors.
 
-  Args: ``q, k, gc``: ``[..., C, K]`` with ``gc`` the in-chunk cumulative log
-  decay. Returns ``[..., C, C]`` (zero above the diagonal).
+  Args: ``x [..., R, C, K]``, ``y [..., P, C, K]``, ``gc [..., C, K]`` the in-chunk cumulative
+  log decay. Returns ``[..., R, P, C, C]``, zero above the diagonal.
 
-  Pairs in different sub-chunks ``I > J`` factor through the sub-chunk edges,
-  ``exp(G_i - G_j) = exp(G_i - R_I) exp(R_I - E_J) exp(E_J - G_j)`` (matmuls); pairs inside
-  one sub-chunk take the exact pairwise difference. The gradient is written out
-  (:func:`_intra_bwd`): differentiated automatically, the ``[..., n, s, s, K]`` products took
-  40x the forward on a CPU.
+  Pairs in different sub-chunks ``J < I`` take the start of row sub-chunk ``I`` as the
+  reference, ``exp(G_i - R_I) exp(R_I - G_j)`` (one matmul per row sub-chunk); pairs inside one
+  sub-chunk take the exact pairwise difference (see :func:`_intra_factors`). The gradient is
+  written out (:func:`_intra_bwd`): differentiated automatically, the ``[..., n, s, s, K]``
+  products took 40x the forward on a CPU.
   """
-  qs, ks, eq, ek, bridge, pair = _intra_factors(q, k, gc)
-  lead, (n, s) = qs.shape[:-3], qs.shape[-3:-1]
-  q_bridged = (qs * eq)[..., :, None, :, :] * bridge[..., :, :, None, :]  # [..., I, J, i, K]
-  off = jnp.einsum("...IJik,...Jjk->...IiJj", q_bridged, ks * ek)
-  diag = jnp.einsum("...nijk,...njk->...nij", qs[..., :, None, :] * pair, ks)
+  x4, y4, _, xs, yt, _, pair = _intra_parts(x, y, gc)
+  r, n, s = x4.shape[-4:-1]
+  p, c = y.shape[-3:-1]
+  off = jnp.einsum("...rIik,...pIjk->...rpIij", xs, yt)  # zero for j in or after sub-chunk I
+  diag = jnp.einsum("...rIik,...Ikij,...pIjk->...rpIij", x4, pair, y4)
   eye = jnp.eye(n, dtype=diag.dtype)
-  return (off + diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(lead + (n * s, n * s))
+  out = off.reshape(off.shape[:-1] + (n, s)) + diag[..., :, None, :] * eye[:, None, :, None]
+  return out.reshape(out.shape[:-6] + (r, p, c, c))
 
 
-def _intra_fwd(q, k, gc):
-  return _intra_scores_vector(q, k, gc), (q, k, gc)
+def _intra_fwd(x, y, gc):
+  return _intra_scores(x, y, gc), (x, y, gc)
 
 
-def _intra_bwd(res, da):
-  """``dq_i = sum_j dA_ij k_j exp(G_i - G_j)``, ``dk_j = sum_i dA_ij q_i exp(G_i - G_j)`` through
-  the same factors, and ``dG = q dq - k dk``: the scores see ``G`` only through the pairwise
-  differences ``G_i - G_j``."""
-  q, k, gc = res
-  qs, ks, eq, ek, bridge, pair = _intra_factors(q, k, gc)
-  n, s = qs.shape[-3:-1]
-  da = da.reshape(da.shape[:-2] + (n, s, n, s))  # [..., I, i, J, j]
-  y_q = jnp.einsum("...IiJj,...Jjk->...IJik", da, ks * ek)
-  dq = eq * jnp.einsum("...IJik,...IJk->...Iik", y_q, bridge)
-  y_k = jnp.einsum("...IiJj,...Iik->...IJjk", da, qs * eq)
-  dk = ek * jnp.einsum("...IJjk,...IJk->...Jjk", y_k, bridge)
-  da_diag = jnp.einsum("...IiJj,IJ->...Iij", da, jnp.eye(n, dtype=da.dtype))
-  # K ahead of the pair axes: with K the minor axis, XLA's CPU backend ran these as strided
-  # matrix-vector products, 3x slower.
-  w = da_diag[..., None, :, :] * jnp.moveaxis(pair, -1, -3)  # [..., n, K, i, j]
-  dq_d = jnp.einsum("...nkij,...nkj->...nki", w, jnp.swapaxes(ks, -1, -2))
-  dk_d = jnp.einsum("...nkij,...nki->...nkj", w, jnp.swapaxes(qs, -1, -2))
-  dq = (dq + jnp.swapaxes(dq_d, -1, -2)).reshape(q.shape)
-  dk = (dk + jnp.swapaxes(dk_d, -1, -2)).reshape(k.shape)
-  return dq, dk, q * dq - k * dk
+def _intra_bwd(res, ds):
+  """``dx_i = sum_j dS_ij y_j exp(G_i - G_j)``, ``dy_j = sum_i dS_ij x_i exp(G_i - G_j)``
+  through the same factors, and ``dG = sum x dx - sum y dy``: the scores see ``G`` only
+  through the differences ``G_i - G_j``."""
+  x, y, gc = res
+  x4, y4, row, xs, yt, col, pair = _intra_parts(x, y, gc)
+  r, n, s = x4.shape[-4:-1]
+  p, c = y.shape[-3:-1]
+  lead = gc.shape[:-2]
+  d5 = ds.reshape(lead + (r, p, n, s, c))
+  dd = jnp.einsum("...rpIiJj,IJ->...rpIij", ds.reshape(lead + (r, p, n, s, n, s)),
+                  jnp.eye(n, dtype=ds.dtype))  # the diagonal sub-chunk blocks
+  dx = (jnp.einsum("...rpIij,...pIjk->...rIik", d5, yt) * row[..., None, :, :, :]
+        + jnp.einsum("...rpIij,...Ikij,...pIjk->...rIik", dd, pair, y4))
+  dyt = jnp.einsum("...rpIij,...rIik->...pIjk", d5, xs)
+  dy = (jnp.sum(dyt * col[..., None, :, :, :], axis=-3)
+        + jnp.einsum("...rpIij,...Ikij,...rIik->...pIjk", dd, pair, x4).reshape(y.shape))
+  dx = dx.reshape(x.shape)
+  return dx, dy, jnp.sum(x * dx, axis=-3) - jnp.sum(y * dy, axis=-3)
 
 
-_intra_scores_vector.defvjp(_intra_fwd, _intra_bwd)
+_intra_scores.defvjp(_intra_fwd, _intra_bwd)
+
+
+def _intra_scores_vector(q, k, gc):
+  """:func:`_intra_scores` of one row and one column input: ``q, k, gc [..., C, K]`` ->
+  ``[..., C, C]``."""
+  return _intra_scores(q[..., None, :, :], k[..., None, :, :], gc)[..., 0, 0, :, :]
 
 
 def _chunk(q, k, v, g, s0, seg, scale, chunk_size):

@@ -52,9 +52,10 @@ so with the UT transform ``M = (I - L_ba)^{-1}`` (one per chunk),
 Everything but ``U = U_0 + W S_0`` and the state update is computed for all
 chunks at once; the scan over chunks does two ``[C, K] x [K, V]`` matmuls.
 The in-chunk scores ``A_xy`` are those of the diagonal-decay engine
-(:func:`linear_attention.ops.decay._intra_scores_vector`, sub-chunked so no
+(:func:`linear_attention.ops.decay._intra_scores`, sub-chunked so no
 ``[C, C, K]`` tensor is formed); ``L_xy`` reuses it with the rows moved one
-step back (``e^{E_i - G_j} = e^{G_{i-1} - G_j}``). Every decay factor is
+step back (``e^{E_i - G_j} = e^{G_{i-1} - G_j}``), and all four come from one call
+that shares the decay factors. Every decay factor is
 ``exp`` of a difference of cumulative log decays, later position first, so it
 is ``<= 1``: log decays down to -20 per step (and ``-inf``, floored by
 :func:`~linear_attention.common.floor_log_decay`) underflow to exact zeros
@@ -80,7 +81,7 @@ from linear_attention.kernels import dispatch
 from linear_attention.ops import context as context_lib
 from linear_attention.ops import delta as delta_ops
 from linear_attention.ops.context import SeqContext
-from linear_attention.ops.decay import _intra_scores_vector
+from linear_attention.ops.decay import _intra_scores
 
 Array = jax.Array
 
@@ -98,6 +99,10 @@ Array = jax.Array
 # single-threaded Eigen (``--xla_cpu_multi_thread_eigen=false``) the recurrent form's
 # backward slows 3-4x and the chunk form wins fwd+bwd (RWKV-7 at 4k: 0.61 s against 1.72
 # s); pass ``form="chunk"`` there. On GPU and TPU the chunk form's matmuls are the fast path.
+# Rerun after the in-chunk scores shared their decay factors (a KDA fwd+bwd process at
+# 4k, compile included: 0.77x the CPU time of before) on a machine loaded ~10x over its cores
+# (results/bench_delta_forms_cpu_loaded.json, matmul 15.5 GFLOP/s): the chunk form was still
+# the slower, fwd+bwd 0.19-0.23x the recurrent form's speed for KDA and 0.27-0.62x for RWKV-7.
 DEFAULT_FORMS = {"cpu": "recurrent"}
 
 
@@ -356,8 +361,10 @@ def _parallel(qh, kh, vh, ah, bh, gh, seg, s0):
   return o, state
 
 
-# Chunks per block of the chunk form's outer scan (see _chunk).
-_BLOCK_CHUNKS = 16
+# Chunks per block of the chunk form's outer scan (see _chunk). Larger than the decay
+# engine's 16: on a CPU (B=1, H=4, K=V=64, chunk 64, T=4096) the backward through the
+# outer scan took about 0.25 s of CPU time more with 16 than with one block of 64.
+_BLOCK_CHUNKS = 64
 
 
 def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c, block_chunks=_BLOCK_CHUNKS):
@@ -420,12 +427,14 @@ def _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, seg_prev):
 
   # In-chunk scores, all chunks at once. L_xy[i, j] = A-style score of (b_i, y_j)
   # with the rows' decay stopped one step earlier: b moved one row back, then down.
-  a_qk = jnp.where(incl, _intra_scores_vector(qc, kc, gc), 0.0)
-  a_qa = jnp.where(incl, _intra_scores_vector(qc, ac, gc), 0.0)
+  # One call for the four: they share the decay factors, the costly part on a CPU.
   b_next = jnp.concatenate([bc[..., 1:, :], jnp.zeros_like(bc[..., :1, :])], axis=3)
+  scores = _intra_scores(jnp.stack([qc, b_next], axis=3), jnp.stack([kc, ac], axis=3), gc)
   down = lambda m: jnp.concatenate([jnp.zeros_like(m[..., :1, :]), m[..., :-1, :]], axis=-2)
-  l_bk = jnp.where(strict, down(_intra_scores_vector(b_next, kc, gc)), 0.0)
-  l_ba = jnp.where(strict, down(_intra_scores_vector(b_next, ac, gc)), 0.0)
+  a_qk = jnp.where(incl, scores[..., 0, 0, :, :], 0.0)
+  a_qa = jnp.where(incl, scores[..., 0, 1, :, :], 0.0)
+  l_bk = jnp.where(strict, down(scores[..., 1, 0, :, :]), 0.0)
+  l_ba = jnp.where(strict, down(scores[..., 1, 1, :, :]), 0.0)
   inv = common.unit_lower_inverse(-l_ba)  # the UT transform (I - L_ba)^{-1}
   w = inv @ (bc * jnp.exp(ge) * sees_state)  # U = U_0 + W S_0, [B, H, N, C, K]
   u0 = inv @ (l_bk @ vc)  # [B, H, N, C, V]
