@@ -4,8 +4,9 @@
   mixer   a name from ``linear_attention.nn.MIXERS`` (causal ones), default ``gla``;
   pattern hybrid letters (e.g. ``RRA``), overrides ``mixer`` when given;
   corpus  ``kjv`` or ``python_stdlib``;
-  size    ``smoke`` (< 1 min on 2 CPU cores), ``small`` (the README quick start, < 5 min on
-          2 CPU cores), ``medium`` (an accelerator).
+  size    ``smoke`` (< 1 min on 2 CPU cores), ``small`` (the README quick start: about 4.3
+          CPU-minutes of work, 2-4.5 min on an idle 2-core machine, 9-32 min measured on
+          a loaded one), ``medium`` (an accelerator).
 """
 
 from __future__ import annotations

@@ -121,6 +121,26 @@ logit scale), from ``comparison``: the paired test over seeds on the log MSE
   holds at more than it fails: reproduced in shape; else not reproduced (all
   unclear: no significant difference).
 
+Length extrapolation (``study_extrapolation.py``): per mixer, the paired change (per
+evaluated window) of the mean loss in each position bucket beyond the training length
+against the last bucket inside it (positions L/2 to L), with its SE over windows:
+
+* softmax with RoPE degrades: its last bucket significantly above and by more than
+  ``EXTRAP_TOL`` (0.05 nats): reproduced; some bucket beyond significantly above:
+  reproduced in shape; else not reproduced.
+* Mamba, GLA and RetNet (``EXTRAP_GATED``, with Mamba-2) extrapolate: each one's worst bucket beyond at
+  most ``EXTRAP_TOL`` above or not significantly above: reproduced; some flat and every one
+  rising less than softmax: reproduced in shape; else not reproduced.
+
+Hybrids (``study_hybrid.py``), rows classed by their pattern (only ``A``: softmax; one
+recurrent letter: recurrent; mixed with ``A``: hybrid):
+
+* recall (MQAR): the hybrid significantly above the pure recurrent model and solved
+  (>= ``SOLVED``) or not significantly below pure softmax: reproduced; significantly above
+  the recurrent model only: reproduced in shape; else not reproduced.
+* language modelling: the hybrid's bits per byte at or below both pure models': reproduced;
+  within ``CLOSE_BPB`` of the better: reproduced in shape; else not reproduced (one seed).
+
 Results at smoke size are judged by the same rules, with "smoke-size results"
 in the reason: they carry no evidence. A study written part-way (runs "not
 run" yet, ``--collect``) is judged on the runs it has, with "partial results"
@@ -144,7 +164,7 @@ import os
 import sys
 import textwrap
 
-from linear_attention.io import write_json
+from linear_attention.io import to_jsonable, write_json
 from linear_attention.nn import registry
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -157,7 +177,8 @@ COLUMNS = ("study", "claim", "source", "published", "ours", "verdict", "reason")
 REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED = (
     "reproduced", "reproduced in shape", "not reproduced", "not measured")
 VERDICTS = (REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED)
-STUDIES = ("cost", "approximation", "mqar", "synthetic", "lm", "listops")
+STUDIES = ("cost", "approximation", "mqar", "synthetic", "lm", "listops", "extrapolation",
+           "hybrid")
 
 Z = 2.0  # a difference is significant beyond Z standard errors
 SOLVED = 0.95  # accuracy at which a task counts as solved
@@ -955,13 +976,169 @@ def approximation_claims(result: dict) -> list[dict]:
   return _finish(rows, result)
 
 
+# ----------------------------------------------------------------------------- extrapolation
+
+EXTRAP_TOL = 0.05  # nats per byte: a rise this small beyond the training length is "flat"
+EXTRAP_GATED = ("mamba", "mamba2", "gla", "retnet")  # Mamba-2 stands in for Mamba when it is absent
+EXTRAP_CLAIMS = {
+    "rope": ("Softmax attention with RoPE degrades past its training length (loss per position)",
+             "Press et al. 2022 (ALiBi), figure 1; GLA (Yang et al. 2024), length extrapolation",
+             "loss rises sharply beyond the training length"),
+    "gated": ("Mamba, GLA and RetNet extrapolate in loss: flat or falling past the training "
+              "length", "GLA (Yang et al. 2024), length extrapolation (GLA, RetNet and Mamba "
+              "against Transformer++)", "loss flat or falling well past the training length"),
+}
+
+
+def extrapolation_claims(result: dict) -> list[dict]:
+  """Claim rows of the length-extrapolation study (``experiments/study_extrapolation.py``)."""
+  summ = {r["mixer"]: r for r in result.get("summary") or []}
+  _need(all("delta_worst" in r and "delta_worst_se" in r for r in summ.values()),
+        "extrapolation summary rows lack delta_worst/delta_worst_se")
+  cfg = result["config"]
+  study = "extrapolation"
+  budget = (f"budget: {result.get('training_tokens', 0):,} training bytes per run at length "
+            f"{cfg.get('seq_len')}, {cfg.get('eval_windows')} windows of {cfg.get('eval_len'):,} "
+            "bytes; 1 seed")
+
+  def ours(m):
+    r = summ[m]
+    return (f"{m}: worst bucket beyond {r['train_len']} ({r['worst_bucket']}) "
+            f"{r['delta_worst']:+.3f} ± {r['delta_worst_se']:.3f} nats vs positions "
+            f"{r['train_len'] // 2}-{r['train_len']}; last bucket {r['delta_last']:+.3f} ± "
+            f"{r['delta_last_se']:.3f}")
+
+  def flat(m):
+    r = summ[m]
+    return r["delta_worst"] <= EXTRAP_TOL or not significant(r["delta_worst"], r["delta_worst_se"])
+
+  rows = []
+  claim, source, published = EXTRAP_CLAIMS["rope"]
+  if "softmax" not in summ or summ["softmax"]["delta_worst"] is None:
+    rows.append(_row(study, claim, source, published, "-", NOT_MEASURED,
+                     f"no softmax result beyond the training length; {budget}"))
+  else:
+    r = summ["softmax"]
+    if significant(r["delta_last"], r["delta_last_se"]) and r["delta_last"] > EXTRAP_TOL:
+      v, why = REPRODUCED, f"last bucket significantly above and by > {EXTRAP_TOL} nats"
+    elif significant(r["delta_worst"], r["delta_worst_se"]):
+      v, why = IN_SHAPE, "a bucket beyond significantly above, not the last by the margin"
+    else:
+      v, why = NOT_REPRODUCED, "no bucket beyond significantly above"
+    rows.append(_row(study, claim, source, published, ours("softmax"), v,
+                     f"{why} (paired SE over windows, Z={Z:g}); {budget}"))
+  claim, source, published = EXTRAP_CLAIMS["gated"]
+  have = [m for m in EXTRAP_GATED if m in summ and summ[m]["delta_worst"] is not None]
+  if not have:
+    rows.append(_row(study, claim, source, published, "-", NOT_MEASURED,
+                     f"none of {', '.join(EXTRAP_GATED)} evaluated; {budget}"))
+  else:
+    soft = summ.get("softmax", {}).get("delta_worst")
+    text = "; ".join(ours(m) for m in have)
+    if all(flat(m) for m in have):
+      v, why = REPRODUCED, (f"every one flat: worst rise <= {EXTRAP_TOL} nats or not "
+                            "significant")
+    elif any(flat(m) for m in have) and soft is not None and all(
+        summ[m]["delta_worst"] < soft for m in have):
+      v, why = IN_SHAPE, "some flat, all rising less than softmax"
+    else:
+      v, why = NOT_REPRODUCED, "not flat and not below softmax's rise"
+    absent = [m for m in EXTRAP_GATED if m not in have]
+    why += f" ({', '.join(absent)} not evaluated)" if absent else ""
+    rows.append(_row(study, claim, source, published, text, v, f"{why}; {budget}"))
+  return _finish(rows, result, result.get("runs") or [])
+
+
+# ----------------------------------------------------------------------------- hybrids
+
+HYBRID_SOURCE = ("Zoology (Arora et al. 2023), hybrids; Jamba (Lieber et al. 2024); "
+                 "Samba (Ren et al. 2024)")
+HYBRID_CLAIMS = {
+    "recall": ("A few attention layers give a recurrent model back its recall (MQAR)",
+               HYBRID_SOURCE, "hybrids close most of the gap to attention on recall"),
+    "lm": ("A hybrid models language as well as or better than both pure models",
+           "Jamba (Lieber et al. 2024), ablations; Samba (Ren et al. 2024)",
+           "hybrid at or below both pure models' loss"),
+}
+
+
+def _kinds(table: list[dict], task: str) -> dict:
+  """``{"softmax", "recurrent", "hybrid"}`` -> the task's row of that kind (patterns of only
+  softmax letters, of one recurrent letter, or mixed with softmax)."""
+  out = {}
+  for r in table:
+    if r["task"] != task:
+      continue
+    letters = set(r["pattern"])
+    kind = ("softmax" if letters == {"A"} else "hybrid" if "A" in letters
+            else "recurrent" if len(letters) == 1 else None)
+    if kind:
+      out[kind] = r
+  return out
+
+
+def hybrid_claims(result: dict) -> list[dict]:
+  """Claim rows of the hybrid study (``experiments/study_hybrid.py``)."""
+  table = result.get("table") or []
+  _need(all(k in r for r in table for k in ("task", "pattern", "score", "se")),
+        "hybrid table rows lack task/pattern/score/se")
+  cfg = result["config"]
+  study = "hybrid"
+  rows = []
+  mq = _kinds(table, "mqar")
+  claim, source, published = HYBRID_CLAIMS["recall"]
+  budget = (f"budget: at most {cfg['mqar']['batch'] * cfg['mqar']['steps']:,} MQAR examples "
+            f"(T={cfg['mqar']['seq_len']}, {cfg['mqar']['num_kv_pairs']} pairs), "
+            f"{cfg['num_layers']} layers at equal parameters; 1 seed")
+  text = "; ".join(f"{k} {r['pattern']} {_acc(r['score'], r['se'], r['test_items'])} after "
+                   f"{r.get('steps_run')} steps" for k, r in mq.items()) or "-"
+  if not {"hybrid", "recurrent"} <= set(mq):
+    rows.append(_row(study, claim, source, published, text, NOT_MEASURED,
+                     f"needs the hybrid and the pure recurrent model; {budget}"))
+  else:
+    h, rec = mq["hybrid"], mq["recurrent"]
+    up = significant(h["score"] - rec["score"], diff_se(h["se"], rec["se"]))
+    sm = mq.get("softmax")  # without a pure softmax model, only "solved" counts
+    near = sm is not None and not significant(sm["score"] - h["score"], diff_se(sm["se"], h["se"]))
+    if up and (h["score"] >= SOLVED or near):
+      v, why = REPRODUCED, (f"hybrid significantly above the pure recurrent model and solved "
+                            f"(>= {SOLVED}) or not significantly below softmax")
+    elif up:
+      v, why = IN_SHAPE, "hybrid significantly above the pure recurrent model, below softmax"
+    else:
+      v, why = NOT_REPRODUCED, "hybrid not significantly above the pure recurrent model"
+    rows.append(_row(study, claim, source, published, text, v, f"{why}; {budget}"))
+  lm = _kinds(table, "lm")
+  claim, source, published = HYBRID_CLAIMS["lm"]
+  budget = (f"budget: {result.get('budget', {}).get('lm_tokens', 0):,} training bytes per run, "
+            f"{cfg['num_layers']} layers at equal parameters; 1 seed, no error bar")
+  if len(lm) < 3:
+    rows.append(_row(study, claim, source, published, "-", NOT_MEASURED,
+                     f"needs the hybrid and both pure models; {budget}"))
+  else:
+    text = "; ".join(f"{k} {r['pattern']} {r['score']:.3f} bits/byte" for k, r in lm.items())
+    best_pure = min(lm["softmax"]["score"], lm["recurrent"]["score"])
+    if lm["hybrid"]["score"] <= best_pure:
+      v, why = REPRODUCED, "hybrid at or below both pure models"
+    elif lm["hybrid"]["score"] <= best_pure + CLOSE_BPB:
+      v, why = IN_SHAPE, f"hybrid within {CLOSE_BPB} bits/byte of the better pure model"
+    else:
+      v, why = NOT_REPRODUCED, f"hybrid worse than the better pure model by > {CLOSE_BPB}"
+    rows.append(_row(study, claim, source, published, text, v, f"{why}; {budget}"))
+  runs = result.get("runs") or []  # each row is partial only where its own task's runs are
+  return [_finish([row], result, [r for r in runs if r.get("task") == task])[0]
+          for row, task in zip(rows, ("mqar", "lm"))]
+
+
 # ----------------------------------------------------------------------------- all studies
 
 CLAIM_FUNCTIONS = {"cost": cost_claims, "approximation": approximation_claims,
                    "mqar": mqar_claims, "synthetic": synthetic_claims, "lm": lm_claims,
-                   "listops": listops_claims}
+                   "listops": listops_claims, "extrapolation": extrapolation_claims,
+                   "hybrid": hybrid_claims}
 _TEMPLATES = {"cost": COST_CLAIMS, "approximation": APPROX_CLAIMS, "mqar": MQAR_CLAIMS,
-              "synthetic": SYN_CLAIMS, "lm": LM_CLAIMS, "listops": LISTOPS_CLAIMS}
+              "synthetic": SYN_CLAIMS, "lm": LM_CLAIMS, "listops": LISTOPS_CLAIMS,
+              "extrapolation": EXTRAP_CLAIMS, "hybrid": HYBRID_CLAIMS}
 
 
 def _unmeasured(study: str, reason: str) -> list[dict]:
@@ -1064,9 +1241,23 @@ def main(argv=None) -> int:
              timespec="seconds"),
          "rules": "see the docstring of experiments/claims.py",
          "results": sources(a.results), "claims": rows}
+  if _same_but_date(out, doc):  # a rerun on unchanged results leaves a committed file alone
+    print(f"{out} unchanged")
+    return 0
   write_json(out, doc)
   print(f"wrote {out}")
   return 0
+
+
+def _same_but_date(path: str, doc: dict) -> bool:
+  """True when ``path`` holds ``doc`` already, apart from ``generated_utc``."""
+  try:
+    with open(path) as f:
+      old = json.load(f)
+  except (OSError, ValueError):
+    return False
+  new = json.loads(json.dumps(to_jsonable(doc)))
+  return isinstance(old, dict) and {**old, "generated_utc": None} == {**new, "generated_utc": None}
 
 
 if __name__ == "__main__":

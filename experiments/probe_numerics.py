@@ -1,8 +1,11 @@
 """Numerical limits of a few ops in float32, measured at small shapes (README, "Numerical limits").
 
-Prints three findings: mLSTM's error against a float64 reference at T=800 per form; how far
-a NaN in one key spreads in each form of Gated DeltaNet (packed segments, chunk 16); and the
-input scale at which softmax and ELU linear attention start returning NaN.
+Prints four findings: mLSTM's error against a float64 reference at T=800 per form; how far
+a NaN in one key spreads in each form of Gated DeltaNet (packed segments, chunk 16); the
+input scale at which softmax and ELU linear attention start returning NaN; and ReBased's
+float32 error against a float64 reference per form, by the size of the token's normaliser
+``z_t = sum_j (q~_t . k~_j)^2 / D`` (small when a query is nearly orthogonal to every key
+before it: the division then amplifies the features' rounding).
 
     python experiments/probe_numerics.py
 """
@@ -17,6 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from linear_attention import ops  # noqa: E402
+from linear_attention.ops import feature_maps  # noqa: E402
 
 
 def normal(seed: int, shape) -> jax.Array:
@@ -51,6 +55,37 @@ def main() -> None:
     print(f"q, k x {scale:.0e}: softmax NaN {bool(jnp.isnan(soft).any())}, "
           f"ELU linear attention NaN {bool(jnp.isnan(elu).any())}")
 
+  rebased()
+
+
+def rebased(b: int = 32, t: int = 64, h: int = 4, d: int = 16, segment: int = 16) -> None:
+  """ReBased's per-token error against float64, grouped by the normaliser's size.
+
+  Packed segments of ``segment`` tokens: the normaliser is smallest at a segment's first
+  tokens (few keys), so many segment starts sample its small values.
+  """
+  q, k, v = normal(10, (b, t, h, d)), normal(11, (b, t, h, d)), normal(12, (b, t, h, d))
+  gamma, beta = jnp.ones((d,)), jnp.zeros((d,))  # the layer's initial values
+  seg = jnp.broadcast_to(jnp.arange(t) // segment, (b, t))
+  as64 = lambda *xs: [x.astype(jnp.float64) for x in xs]  # noqa: E731
+  ref = ops.rebased_attention(*as64(q, k, v, gamma, beta), form="parallel", segment_ids=seg)
+  qn, kn = (feature_maps.affine_layer_norm(x, *as64(gamma, beta)) for x in as64(q, k))
+  # The normaliser: unnormalised attention of the LayerNormed q, k over values of 1.
+  z = ops.linear_attention(qn, kn, jnp.ones((b, t, h, 1), jnp.float64), feature_map="squared",
+                           normalize=False, form="parallel", segment_ids=seg)[..., 0]
+  scale = float(jnp.max(jnp.abs(ref)))
+  bins = [(0.0, 1e-4), (1e-4, 1e-3), (1e-3, 1e-2), (1e-2, 1e-1), (1e-1, np.inf)]
+  print(f"rebased B={b} T={t} H={h} D={d}, segments of {segment}: normaliser z from "
+        f"{float(z.min()):.1e} to {float(z.max()):.1e}; tokens per z bin "
+        + ", ".join(f"[{lo:.0e}, {hi:.0e}) {int(jnp.sum((z >= lo) & (z < hi)))}"
+                    for lo, hi in bins))
+  for form in ("parallel", "chunk", "recurrent"):
+    o = ops.rebased_attention(q, k, v, gamma, beta, form=form, segment_ids=seg)
+    err = jnp.max(jnp.abs(o - ref), axis=-1) / scale  # per token, relative to max |o|
+    worst = [float(jnp.max(jnp.where((z >= lo) & (z < hi), err, 0.0))) for lo, hi in bins]
+    print(f"rebased {form:9s} max error / max|o| per z bin: "
+          + ", ".join(f"{w:.1e}" for w in worst)
+          + f"; max of error x z: {float(jnp.max(err * z)):.1e}")
 
 if __name__ == "__main__":
   main()

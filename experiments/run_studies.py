@@ -5,7 +5,7 @@ One command for the whole of ``results/studies/`` and ``notebooks/``:
 1. each study's command (the table below; the same as in
    ``results/studies/README.md``), one after another, each writing
    ``<results>/<study>/``. The training studies (mqar, synthetic, lm,
-   listops) reuse the finished runs under ``runs/studies/<study>/``, so an
+   listops, extrapolation, hybrid) reuse the finished runs under ``runs/studies/<study>/``, so an
    interrupted rerun resumes where it stopped; cost and approximation are
    measured afresh. A study that fails (or has a failed run) is reported and
    the others still run;
@@ -32,8 +32,9 @@ learning rate alone took about 12 process-hours here (one XLA thread per run,
 runs sharing the cores with other work), and its decay-init sweep (``FULL``:
 the "slow" init for Mamba, Mamba-2 and Hawk at every setting and width) adds 12
 points of 15-60 process-minutes each (Mamba is the slowest); the other training
-studies about 90 minutes each at most, cost about 25 minutes, approximation
-about 10. The committed MQAR results hold the init sweep's points that fitted
+studies about 90 minutes each at most (extrapolation: 7 runs of 400 steps, then 8
+forward passes of 16k bytes per model; hybrid: 3 MQAR runs of up to 500 steps at 4 layers
+and 3 LM runs), cost about 25 minutes, approximation about 10. The committed MQAR results hold the init sweep's points that fitted
 (see ``results/studies/README.md``).
 """
 
@@ -62,9 +63,12 @@ STUDIES = {
     "synthetic": ("experiments/study_synthetic.py",),
     "lm": ("experiments/study_lm.py",),
     "listops": ("experiments/study_listops.py",),
+    "extrapolation": ("experiments/study_extrapolation.py",),
+    "hybrid": ("experiments/study_hybrid.py",),
 }
 # The index last: it shows the claims of every study.
-NOTEBOOK_ORDER = ("cost", "approximation", "mqar", "synthetic", "lm", "listops", "index")
+NOTEBOOK_ORDER = ("cost", "approximation", "mqar", "synthetic", "lm", "listops", "extrapolation",
+                  "hybrid", "index")
 
 
 

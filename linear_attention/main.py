@@ -131,10 +131,11 @@ _DISTRIBUTED = []  # non-empty once this process joined a multi-process run
 
 def _fail(msg: str, code: int = 2):
   print(f"error: {msg}", file=sys.stderr, flush=True)
-  if _DISTRIBUTED or code in (3, 130):
-    # A stopped run's threads (XLA, orbax, the batch prefetcher) may still be busy: the
-    # interpreter's shutdown then crashed or hung. The trainer's cleanup (the checkpoint
-    # written, the files closed) has run by now.
+  if _DISTRIBUTED or code in (1, 3, 130):
+    # A stopped or failed run's threads (XLA, orbax, the batch prefetcher) may still be
+    # busy: the interpreter's shutdown then crashed, hung, or printed their late errors
+    # after this line. The trainer's cleanup (the checkpoint written, the files closed) has
+    # run by now.
     # A failed process must not enter JAX's shutdown barrier at exit: with a peer gone it
     # waits for the heartbeat timeout and then aborts with pages of C++ logs.
     sys.stdout.flush()
@@ -268,8 +269,8 @@ def main(argv) -> None:
     if code == errors.EXIT_CONFIG:  # nothing was written: no log either
       _fail(_one_line(e), code)
     log = rundir.log_exception(os.path.abspath(os.path.expanduser(FLAGS.workdir)), e)
-    known = isinstance(e, (errors.CheckpointError, errors.DataError, errors.PreemptedError,
-                           errors.NonFiniteLossError))
+    known = isinstance(e, (errors.CheckpointError, errors.CheckpointWriteError,
+                           errors.DataError, errors.PreemptedError, errors.NonFiniteLossError))
     msg = _one_line(e) if known else f"{type(e).__name__}: {_one_line(e)}"
     msg += peer_hint(e, bool(_DISTRIBUTED))
     _fail(msg + (f" (traceback in {log})" if log and not known else ""), code)

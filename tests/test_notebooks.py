@@ -67,6 +67,10 @@ STUDIES = [
     Study("lm", ("experiments/study_lm.py", "--smoke"), "lm.ipynb", "lm.json", True),
     Study("listops", ("experiments/study_listops.py", "--smoke"), "listops.ipynb",
           "listops.json", True),
+    Study("extrapolation", ("experiments/study_extrapolation.py", "--smoke"),
+          "extrapolation.ipynb", "extrapolation.json", True),
+    Study("hybrid", ("experiments/study_hybrid.py", "--smoke"), "hybrid.ipynb", "hybrid.json",
+          True),
 ]
 
 

@@ -2,9 +2,12 @@
 
 Layout ``[batch, seq, heads, dim]``; states are float32 ``[batch, heads,
 key_dim, value_dim]``; every causal op has ``parallel``, ``chunk`` and
-``recurrent`` forms and a ``*_step`` function for decoding.
+``recurrent`` forms and a ``*_step`` function for decoding. The engines and
+their variants take ``context=`` (:class:`SeqContext`) to run with the sequence
+split over a mesh axis.
 """
 
+from linear_attention.ops.context import SeqContext
 from linear_attention.ops.decay import decay_linear_attention, decay_linear_attention_step
 from linear_attention.ops.feature_maps import FEATURE_MAPS, random_projection
 from linear_attention.ops.linear import (linear_attention, linear_attention_step,

@@ -37,6 +37,8 @@ from jax import lax
 from linear_attention.kernels import chunk_decay as kernel
 from linear_attention.kernels import dispatch
 from linear_attention import common
+from linear_attention.ops import context as context_lib
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -67,6 +69,7 @@ def decay_linear_attention(
     return_state: bool = False,
     segment_ids: Array | None = None,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """Linear attention with a diagonal decay of the state.
 
@@ -97,12 +100,22 @@ def decay_linear_attention(
       ``form="chunk"`` with its own block sizes (``chunk_size`` is then
       unused); with ``segment_ids``, another form or a dtype other than
       float32/bfloat16/float16, ``"pallas"`` raises a ``ValueError``.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext` to
+      run with the sequence split over a mesh axis (see
+      :func:`_sequence_parallel`); the same result up to rounding.
 
   Returns:
     ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``
     with ``state`` ``[B, H, K, V]`` in float32.
   """
-  _, t, _, dk, _ = _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids)
+  context_lib.check_context(context)
+  b, t, _, dk, _ = _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids)
+  if context is not None:
+    context.check(b, t)
+    run = _sequence_parallel if context.is_local else _sequence_parallel_jit
+    return run(q, k, v, log_decay, initial_state, segment_ids, context=context,
+               scale=common.resolve_scale(scale, dk), form=form, chunk_size=chunk_size,
+               return_state=return_state, implementation=implementation)
   unsupported = kernel.unsupported_arguments(q, log_decay, segment_ids)
   if form != "chunk":
     unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
@@ -247,82 +260,105 @@ def _subchunk_size(c: int) -> int:
   return max(d for d in range(1, min(c, _SUBCHUNK) + 1) if c % d == 0)
 
 
-def _intra_factors(q, k, gc):
-  """The sub-chunk pieces of the per-channel in-chunk scores (see :func:`_intra_scores_vector`).
+def _intra_factors(gc):
+  """The sub-chunk factors of ``exp(G_i - G_j)`` (``j <= i``) in a chunk, for :func:`_intra_scores`.
 
-  Returns ``(qs, ks, eq, ek, bridge, pair)`` on ``[..., n, s, K]`` sub-chunks: ``eq = exp(G_i -
-  R_I)`` and ``ek = exp(E_J - G_j)``, where ``R_I`` is the log decay just before sub-chunk
-  ``I`` and ``E_J`` that at the end of ``J``; ``bridge [..., I, J, K] = exp(R_I - E_J)`` for
-  ``I > J`` (else 0); ``pair [..., n, i, j, K] = exp(G_i - G_j)`` inside a sub-chunk for
-  ``j <= i`` (else 0). Every exponent is ``<= 0``.
+  Args: ``gc [..., C, K]``, the in-chunk cumulative log decay. With sub-chunks of ``s`` steps
+  (``n = C / s``), ``R_I`` the log decay just before sub-chunk ``I`` and ``E_J`` that at the
+  end of ``J``, returns ``(row, col, pair)``: ``row [..., n, s, K] = exp(G_i - R_I)``;
+  ``col [..., n, C, K] = exp(R_I - G_j)`` for ``j`` before sub-chunk ``I`` (else 0), built as
+  ``exp(R_I - E_J) exp(E_J - G_j)`` so it costs ``n^2 + C`` exps per channel, not ``n C``;
+  ``pair [..., n, K, s, s] = exp(G_i - G_j)`` for ``j <= i`` inside one sub-chunk (else 0;
+  K ahead of the pair axes: with K the minor axis, XLA's CPU backend ran the in-sub-chunk
+  contractions as strided matrix-vector products, 3x slower). Every exponent is ``<= 0``.
   """
-  c, dk = q.shape[-2:]
+  c, dk = gc.shape[-2:]
   s = _subchunk_size(c)
   n = c // s
-  lead = q.shape[:-2]
-  qs, ks, gs = (x.reshape(lead + (n, s, dk)) for x in (q, k, gc))
-  ends = gs[..., -1, :]  # [..., n, K]
-  ref = jnp.concatenate([jnp.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], axis=-2)
-  eq = jnp.exp(gs - ref[..., :, None, :])
-  ek = jnp.exp(ends[..., :, None, :] - gs)
+  gs = gc.reshape(gc.shape[:-2] + (n, s, dk))
+  ends = gs[..., -1, :]  # E_J, [..., n, K]
+  ref = jnp.concatenate([jnp.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], axis=-2)  # R_I
+  row = jnp.exp(gs - ref[..., :, None, :])
   below = jnp.tril(jnp.ones((n, n), bool), -1)
   bridge = jnp.exp(jnp.where(below[:, :, None], ref[..., :, None, :] - ends[..., None, :, :],
-                             -jnp.inf))
+                             -jnp.inf))  # [..., I, J, K]
+  to_end = jnp.exp(ends[..., :, None, :] - gs)  # [..., J, j, K]
+  col = (bridge[..., :, :, None, :] * to_end[..., None, :, :, :]).reshape(
+      gc.shape[:-2] + (n, c, dk))
+  gt = jnp.swapaxes(gs, -1, -2)  # [..., n, K, s]
   tri = jnp.tril(jnp.ones((s, s), bool))
-  pair = jnp.exp(jnp.where(tri[:, :, None], gs[..., :, None, :] - gs[..., None, :, :], -jnp.inf))
-  return qs, ks, eq, ek, bridge, pair
+  pair = jnp.exp(jnp.where(tri, gt[..., :, None] - gt[..., None, :], -jnp.inf))
+  return row, col, pair
+
+
+def _intra_parts(x, y, gc):
+  """``x, y`` as sub-chunks with the factors applied; shared by the forward and backward."""
+  row, col, pair = _intra_factors(gc)
+  n, s = row.shape[-3:-1]
+  lead = gc.shape[:-2]
+  x4 = x.reshape(lead + (x.shape[-3], n, s, x.shape[-1]))  # [..., R, n, s, K]
+  y4 = y.reshape(lead + (y.shape[-3], n, s, y.shape[-1]))
+  xs = x4 * row[..., None, :, :, :]  # exp(G_i - R_I) x_i
+  yt = y[..., :, None, :, :] * col[..., None, :, :, :]  # exp(R_I - G_j) y_j, [..., P, n, C, K]
+  return x4, y4, row, xs, yt, col, pair
 
 
 @jax.custom_vjp
-def _intra_scores_vector(q, k, gc):
-  """Causal in-chunk scores ``sum_k q_ik k_jk exp(G_ik - G_jk)`` for ``j <= i``.
+def _intra_scores(x, y, gc):
+  """Causal in-chunk scores ``sum_k x_ik y_jk exp(G_ik - G_jk)`` (``j <= i``) of every pair of
+  ``R`` row and ``P`` column inputs, sharing the decay factors.
 
-  Args: ``q, k, gc``: ``[..., C, K]`` with ``gc`` the in-chunk cumulative log
-  decay. Returns ``[..., C, C]`` (zero above the diagonal).
+  Args: ``x [..., R, C, K]``, ``y [..., P, C, K]``, ``gc [..., C, K]`` the in-chunk cumulative
+  log decay. Returns ``[..., R, P, C, C]``, zero above the diagonal.
 
-  Pairs in different sub-chunks ``I > J`` factor through the sub-chunk edges,
-  ``exp(G_i - G_j) = exp(G_i - R_I) exp(R_I - E_J) exp(E_J - G_j)`` (matmuls); pairs inside
-  one sub-chunk take the exact pairwise difference. The gradient is written out
-  (:func:`_intra_bwd`): differentiated automatically, the ``[..., n, s, s, K]`` products took
-  40x the forward on a CPU.
+  Pairs in different sub-chunks ``J < I`` take the start of row sub-chunk ``I`` as the
+  reference, ``exp(G_i - R_I) exp(R_I - G_j)`` (one matmul per row sub-chunk); pairs inside one
+  sub-chunk take the exact pairwise difference (see :func:`_intra_factors`). The gradient is
+  written out (:func:`_intra_bwd`): differentiated automatically, the ``[..., n, s, s, K]``
+  products took 40x the forward on a CPU.
   """
-  qs, ks, eq, ek, bridge, pair = _intra_factors(q, k, gc)
-  lead, (n, s) = qs.shape[:-3], qs.shape[-3:-1]
-  q_bridged = (qs * eq)[..., :, None, :, :] * bridge[..., :, :, None, :]  # [..., I, J, i, K]
-  off = jnp.einsum("...IJik,...Jjk->...IiJj", q_bridged, ks * ek)
-  diag = jnp.einsum("...nijk,...njk->...nij", qs[..., :, None, :] * pair, ks)
+  x4, y4, _, xs, yt, _, pair = _intra_parts(x, y, gc)
+  r, n, s = x4.shape[-4:-1]
+  p, c = y.shape[-3:-1]
+  off = jnp.einsum("...rIik,...pIjk->...rpIij", xs, yt)  # zero for j in or after sub-chunk I
+  diag = jnp.einsum("...rIik,...Ikij,...pIjk->...rpIij", x4, pair, y4)
   eye = jnp.eye(n, dtype=diag.dtype)
-  return (off + diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(lead + (n * s, n * s))
+  out = off.reshape(off.shape[:-1] + (n, s)) + diag[..., :, None, :] * eye[:, None, :, None]
+  return out.reshape(out.shape[:-6] + (r, p, c, c))
 
 
-def _intra_fwd(q, k, gc):
-  return _intra_scores_vector(q, k, gc), (q, k, gc)
+def _intra_fwd(x, y, gc):
+  return _intra_scores(x, y, gc), (x, y, gc)
 
 
-def _intra_bwd(res, da):
-  """``dq_i = sum_j dA_ij k_j exp(G_i - G_j)``, ``dk_j = sum_i dA_ij q_i exp(G_i - G_j)`` through
-  the same factors, and ``dG = q dq - k dk``: the scores see ``G`` only through the pairwise
-  differences ``G_i - G_j``."""
-  q, k, gc = res
-  qs, ks, eq, ek, bridge, pair = _intra_factors(q, k, gc)
-  n, s = qs.shape[-3:-1]
-  da = da.reshape(da.shape[:-2] + (n, s, n, s))  # [..., I, i, J, j]
-  y_q = jnp.einsum("...IiJj,...Jjk->...IJik", da, ks * ek)
-  dq = eq * jnp.einsum("...IJik,...IJk->...Iik", y_q, bridge)
-  y_k = jnp.einsum("...IiJj,...Iik->...IJjk", da, qs * eq)
-  dk = ek * jnp.einsum("...IJjk,...IJk->...Jjk", y_k, bridge)
-  da_diag = jnp.einsum("...IiJj,IJ->...Iij", da, jnp.eye(n, dtype=da.dtype))
-  # K ahead of the pair axes: with K the minor axis, XLA's CPU backend ran these as strided
-  # matrix-vector products, 3x slower.
-  w = da_diag[..., None, :, :] * jnp.moveaxis(pair, -1, -3)  # [..., n, K, i, j]
-  dq_d = jnp.einsum("...nkij,...nkj->...nki", w, jnp.swapaxes(ks, -1, -2))
-  dk_d = jnp.einsum("...nkij,...nki->...nkj", w, jnp.swapaxes(qs, -1, -2))
-  dq = (dq + jnp.swapaxes(dq_d, -1, -2)).reshape(q.shape)
-  dk = (dk + jnp.swapaxes(dk_d, -1, -2)).reshape(k.shape)
-  return dq, dk, q * dq - k * dk
+def _intra_bwd(res, ds):
+  """``dx_i = sum_j dS_ij y_j exp(G_i - G_j)``, ``dy_j = sum_i dS_ij x_i exp(G_i - G_j)``
+  through the same factors, and ``dG = sum x dx - sum y dy``: the scores see ``G`` only
+  through the differences ``G_i - G_j``."""
+  x, y, gc = res
+  x4, y4, row, xs, yt, col, pair = _intra_parts(x, y, gc)
+  r, n, s = x4.shape[-4:-1]
+  p, c = y.shape[-3:-1]
+  lead = gc.shape[:-2]
+  d5 = ds.reshape(lead + (r, p, n, s, c))
+  dd = jnp.einsum("...rpIiJj,IJ->...rpIij", ds.reshape(lead + (r, p, n, s, n, s)),
+                  jnp.eye(n, dtype=ds.dtype))  # the diagonal sub-chunk blocks
+  dx = (jnp.einsum("...rpIij,...pIjk->...rIik", d5, yt) * row[..., None, :, :, :]
+        + jnp.einsum("...rpIij,...Ikij,...pIjk->...rIik", dd, pair, y4))
+  dyt = jnp.einsum("...rpIij,...rIik->...pIjk", d5, xs)
+  dy = (jnp.sum(dyt * col[..., None, :, :, :], axis=-3)
+        + jnp.einsum("...rpIij,...Ikij,...rIik->...pIjk", dd, pair, x4).reshape(y.shape))
+  dx = dx.reshape(x.shape)
+  return dx, dy, jnp.sum(x * dx, axis=-3) - jnp.sum(y * dy, axis=-3)
 
 
-_intra_scores_vector.defvjp(_intra_fwd, _intra_bwd)
+_intra_scores.defvjp(_intra_fwd, _intra_bwd)
+
+
+def _intra_scores_vector(q, k, gc):
+  """:func:`_intra_scores` of one row and one column input: ``q, k, gc [..., C, K]`` ->
+  ``[..., C, C]``."""
+  return _intra_scores(q[..., None, :, :], k[..., None, :, :], gc)[..., 0, 0, :, :]
 
 
 def _chunk(q, k, v, g, s0, seg, scale, chunk_size):
@@ -538,3 +574,140 @@ def _chunk_carry(parts, s0):
   state, s_in = _scan_chunks(a, local, s0)
   o = o_intra + jnp.einsum("bhnik,bhnkv->bhniv", q_in, s_in)
   return o.reshape(o.shape[:2] + (-1,) + o.shape[4:]), state, s_in
+
+
+# ------------------------------------------------------------ sequence parallel
+
+
+def _sequence_parallel(q, k, v, log_decay, initial_state, segment_ids, *, context, scale, form,
+                       chunk_size, return_state, implementation):
+  """The engine with the sequence split over ``context.axis_name``.
+
+  Per device:
+
+  1. run the engine (``form``) on its slice from a zero state, giving local outputs
+     and the slice's final state ``S_j``, plus the slice's total log decay ``G_j``;
+  2. ``all_gather`` the ``(G_j, S_j)`` pairs along the axis (one collective) and fold
+     them into the state entering this device,
+     ``S_in_i = sum_{j<i} exp(sum_{j<m<i} G_m) S_j + exp(sum_{m<i} G_m) S_0``. The
+     exponents are sums of non-positive numbers (no differences of large cumulative
+     sums), so strong decays underflow to zero, never overflow;
+  3. correct the local outputs with one matmul,
+     ``o_t += scale * (q_t * exp(G_{<=t})) S_in``, ``G_{<=t}`` the cumulative log decay
+     inside the slice. No second pass over the sequence.
+
+  The final state (``return_state``) is the same fold to the end of the last slice;
+  each device adds its own term and one ``psum`` makes it identical on every device.
+  The gather moves ``P`` states ``[B, H, K, V]`` to every device (``P`` the axis
+  size): small next to the activations of a long slice. A slice that starts a new
+  segment, or holds a boundary, stops the incoming state, as on one device.
+  """
+  named = {"q": (q, context.seq_spec), "k": (k, context.seq_spec),
+           "v": (v, context.seq_spec), "log_decay": (log_decay, context.seq_spec),
+           "initial_state": (initial_state, context.row_spec),
+           "segment_ids": (segment_ids, context.seq_spec)}
+  body = functools.partial(_local, axis_name=context.axis_name, scale=scale, form=form,
+                           chunk_size=chunk_size, return_state=return_state,
+                           implementation=implementation)
+  out = (context.seq_spec, context.row_spec) if return_state else context.seq_spec
+  return context.shard(body, named, out)
+
+
+_sequence_parallel_jit = jax.jit(
+    _sequence_parallel, static_argnames=("context", "scale", "form", "chunk_size",
+                                         "return_state", "implementation"))
+
+
+def _varying_zeros(k, v, g, segment_ids, acc) -> Array:
+  """A zero ``[B, H, K, V]`` state that varies over the same mesh axes as the inputs.
+
+  A constant zero state is invariant across the mesh, so the chunk scan's carry would
+  change type under ``shard_map``'s ``check_vma``. ``zeros_like`` keeps its argument's
+  varying axes, and the broadcast sum takes the union of those of every input the
+  carry depends on.
+  """
+  z = (jnp.zeros_like(k[:, 0, :, :, None], acc) + jnp.zeros_like(v[:, 0, :, None, :], acc))
+  if g is not None:
+    z = z + jnp.zeros_like(_expand(g[:, 0], k[:, 0]), acc)[..., None]
+  if segment_ids is not None:
+    z = z + jnp.zeros_like(segment_ids[:, 0], acc)[:, None, None, None]
+  return z
+
+
+def _fold_weights(target, g_all, carry_all, n: int):
+  """Weights of every source state into the boundary before slice ``target``.
+
+  Sources: ``s = 0`` the initial state, ``s = j + 1`` the final state of slice
+  ``j``. A source reaches the boundary through the slices ``s <= m < target``.
+
+  Args:
+    target: int (traced or not) in ``[0, n]``; ``n`` means the sequence end.
+    g_all: ``[n, B, H, K|1]`` total log decay per slice, or None (no decay).
+    carry_all: ``[n, B]`` bool, whether a slice passes its entering state on
+      (False where it starts or contains a segment boundary), or None.
+
+  Returns:
+    ``[n + 1, B|1, H|1, K|1, 1]`` weights, broadcastable against the states.
+  """
+  s = jnp.arange(n + 1)[:, None]
+  m = jnp.arange(n)[None, :]
+  through = (s <= m) & (m < target)  # [n+1, n]
+  w = (jnp.arange(n + 1) <= target).astype(jnp.float32)[:, None, None, None]
+  if g_all is not None:
+    # A masked sum, not a difference of prefix sums: exact and never positive.
+    log_w = jnp.sum(jnp.where(through[:, :, None, None, None], g_all[None], 0.0), axis=1)
+    w = w.astype(g_all.dtype) * jnp.exp(log_w)
+  if carry_all is not None:
+    blocked = jnp.any(through[:, :, None] & ~carry_all[None], axis=1)  # [n+1, B]
+    w = w * (~blocked).astype(w.dtype)[:, :, None, None]
+  return w[..., None]
+
+
+def _local(q, k, v, log_decay=None, initial_state=None, segment_ids=None, *, axis_name, scale,
+           form, chunk_size, return_state, implementation):
+  """The per-device body of :func:`_sequence_parallel` on this device's slices."""
+  idx = context_lib.axis_index(axis_name)
+  acc = common.acc_dtype(q.dtype)
+  # -inf (a hard reset) floored as in the engine: its sums must not meet inf - inf.
+  g = None if log_decay is None else common.floor_log_decay(log_decay.astype(acc))
+  s0 = None if initial_state is None else initial_state.astype(acc)
+
+  # 1. The slice on its own, from a zero state (outputs kept in acc precision).
+  o, local = decay_linear_attention(
+      q.astype(acc), k.astype(acc), v.astype(acc), g, scale=scale, form=form,
+      chunk_size=chunk_size, initial_state=_varying_zeros(k, v, g, segment_ids, acc),
+      return_state=True, segment_ids=segment_ids, implementation=implementation)
+
+  # 2. Gather every slice's (total decay, final state) and fold up to this slice.
+  g_all = None
+  if g is not None:
+    g_tot = jnp.sum(g, axis=1)
+    g_all = lax.all_gather(g_tot[..., None] if g.ndim == 3 else g_tot, axis_name)
+  states = lax.all_gather(local, axis_name)  # [n, B, H, K, V]
+  n = states.shape[0]
+  carry_all = sees = None
+  if segment_ids is not None:
+    cont, single, sees = context_lib.device_segments(segment_ids, axis_name, acc)
+    carry_all = cont & single
+    sees = sees[:, :, None, None]
+  w = _fold_weights(idx, g_all, carry_all, n)
+  s_in = jnp.sum(w[1:] * states, axis=0)
+  if s0 is not None:
+    s_in = s_in + w[0] * s0
+
+  # 3. The entering state's contribution: one [T, K] x [K, V] matmul per head.
+  q_dec = q.astype(acc) * scale
+  if g is not None:
+    q_dec = q_dec * jnp.exp(_expand(jnp.cumsum(g, axis=1), q_dec))
+  if sees is not None:
+    q_dec = q_dec * sees
+  o = (o + jnp.einsum("bthk,bhkv->bthv", q_dec, s_in)).astype(q.dtype)
+  if not return_state:
+    return o
+
+  # The final state: this slice's term (plus the initial state's, once), summed.
+  w_end = _fold_weights(n, g_all, carry_all, n)
+  own = jnp.take(w_end, idx + 1, axis=0) * local
+  if s0 is not None:
+    own = own + jnp.where(idx == 0, w_end[0] * s0, 0.0)
+  return o, lax.psum(own, axis_name)

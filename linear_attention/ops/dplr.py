@@ -52,9 +52,10 @@ so with the UT transform ``M = (I - L_ba)^{-1}`` (one per chunk),
 Everything but ``U = U_0 + W S_0`` and the state update is computed for all
 chunks at once; the scan over chunks does two ``[C, K] x [K, V]`` matmuls.
 The in-chunk scores ``A_xy`` are those of the diagonal-decay engine
-(:func:`linear_attention.ops.decay._intra_scores_vector`, sub-chunked so no
+(:func:`linear_attention.ops.decay._intra_scores`, sub-chunked so no
 ``[C, C, K]`` tensor is formed); ``L_xy`` reuses it with the rows moved one
-step back (``e^{E_i - G_j} = e^{G_{i-1} - G_j}``). Every decay factor is
+step back (``e^{E_i - G_j} = e^{G_{i-1} - G_j}``), and all four come from one call
+that shares the decay factors. Every decay factor is
 ``exp`` of a difference of cumulative log decays, later position first, so it
 is ``<= 1``: log decays down to -20 per step (and ``-inf``, floored by
 :func:`~linear_attention.common.floor_log_decay`) underflow to exact zeros
@@ -77,8 +78,10 @@ from jax import lax
 from linear_attention import common
 from linear_attention.kernels import chunk_dplr as kernel
 from linear_attention.kernels import dispatch
+from linear_attention.ops import context as context_lib
 from linear_attention.ops import delta as delta_ops
-from linear_attention.ops.decay import _intra_scores_vector
+from linear_attention.ops.context import SeqContext
+from linear_attention.ops.decay import _intra_scores
 
 Array = jax.Array
 
@@ -96,6 +99,10 @@ Array = jax.Array
 # single-threaded Eigen (``--xla_cpu_multi_thread_eigen=false``) the recurrent form's
 # backward slows 3-4x and the chunk form wins fwd+bwd (RWKV-7 at 4k: 0.61 s against 1.72
 # s); pass ``form="chunk"`` there. On GPU and TPU the chunk form's matmuls are the fast path.
+# Rerun after the in-chunk scores shared their decay factors (a KDA fwd+bwd process at
+# 4k, compile included: 0.77x the CPU time of before) on a machine loaded ~10x over its cores
+# (results/bench_delta_forms_cpu_loaded.json, matmul 15.5 GFLOP/s): the chunk form was still
+# the slower, fwd+bwd 0.19-0.23x the recurrent form's speed for KDA and 0.27-0.62x for RWKV-7.
 DEFAULT_FORMS = {"cpu": "recurrent"}
 
 
@@ -142,6 +149,7 @@ def dplr_attention(
     return_state: bool = False,
     segment_ids: Array | None = None,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """The diagonal-plus-low-rank recurrence over a sequence.
 
@@ -179,6 +187,11 @@ def dplr_attention(
       float32/bfloat16/float16 or a ``chunk_size`` the platform cannot tile (a
       power of two >= 16 on GPU, a multiple of 16 on TPU) make ``"pallas"``
       raise a ``ValueError``.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext` to run
+      with the sequence split over a mesh axis: each device runs ``form`` once on
+      its slice with ``K`` extra value columns that carry its transition, folded
+      across devices (:func:`~linear_attention.ops.context.affine_call`); the same
+      result up to rounding.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with
@@ -188,9 +201,10 @@ def dplr_attention(
   form = resolve_form(form)
   _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
                                  segment_ids)
-  o, state = _run(q, k, v, a, b, log_decay, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids,
-                  pallas=pallas)
+  o, state = _run_in(context, q, k, v, a, b, log_decay,
+                     scale=common.resolve_scale(scale, dk), form=form,
+                     chunk_size=chunk_size, initial_state=initial_state,
+                     segment_ids=segment_ids, pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
@@ -220,6 +234,26 @@ def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, se
   chunk_size = min(chunk_size, t) if form == "chunk" else 1
   return _forward(q, k, v, a, b, log_decay, initial_state, segment_ids, scale, form=form,
                   chunk_size=chunk_size)
+
+
+def _run_in(context, q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state,
+            segment_ids, pallas=False):
+  """:func:`_run`, or with a :class:`~linear_attention.ops.context.SeqContext` its
+  sequence-parallel form (:func:`~linear_attention.ops.context.affine_call`)."""
+  context_lib.check_context(context)
+  if context is None:
+    return _run(q, k, v, a, b, log_decay, scale=scale, form=form, chunk_size=chunk_size,
+                initial_state=initial_state, segment_ids=segment_ids, pallas=pallas)
+  context.check(*q.shape[:2])
+  return context_lib.affine_call(
+      _run_returning_state, context, dict(q=q, k=k, v=v, a=a, b=b, log_decay=log_decay),
+      initial_state=initial_state, segment_ids=segment_ids, return_state=True,
+      static=(("scale", scale), ("form", form), ("chunk_size", chunk_size), ("pallas", pallas)))
+
+
+def _run_returning_state(q, k, v, a, b, log_decay, *, return_state, **kwargs):
+  del return_state  # _run always returns the state
+  return _run(q, k, v, a, b, log_decay, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("form", "chunk_size"))
@@ -327,8 +361,10 @@ def _parallel(qh, kh, vh, ah, bh, gh, seg, s0):
   return o, state
 
 
-# Chunks per block of the chunk form's outer scan (see _chunk).
-_BLOCK_CHUNKS = 16
+# Chunks per block of the chunk form's outer scan (see _chunk). Larger than the decay
+# engine's 16: on a CPU (B=1, H=4, K=V=64, chunk 64, T=4096) the backward through the
+# outer scan took about 0.25 s of CPU time more with 16 than with one block of 64.
+_BLOCK_CHUNKS = 64
 
 
 def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c, block_chunks=_BLOCK_CHUNKS):
@@ -391,12 +427,14 @@ def _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, seg_prev):
 
   # In-chunk scores, all chunks at once. L_xy[i, j] = A-style score of (b_i, y_j)
   # with the rows' decay stopped one step earlier: b moved one row back, then down.
-  a_qk = jnp.where(incl, _intra_scores_vector(qc, kc, gc), 0.0)
-  a_qa = jnp.where(incl, _intra_scores_vector(qc, ac, gc), 0.0)
+  # One call for the four: they share the decay factors, the costly part on a CPU.
   b_next = jnp.concatenate([bc[..., 1:, :], jnp.zeros_like(bc[..., :1, :])], axis=3)
+  scores = _intra_scores(jnp.stack([qc, b_next], axis=3), jnp.stack([kc, ac], axis=3), gc)
   down = lambda m: jnp.concatenate([jnp.zeros_like(m[..., :1, :]), m[..., :-1, :]], axis=-2)
-  l_bk = jnp.where(strict, down(_intra_scores_vector(b_next, kc, gc)), 0.0)
-  l_ba = jnp.where(strict, down(_intra_scores_vector(b_next, ac, gc)), 0.0)
+  a_qk = jnp.where(incl, scores[..., 0, 0, :, :], 0.0)
+  a_qa = jnp.where(incl, scores[..., 0, 1, :, :], 0.0)
+  l_bk = jnp.where(strict, down(scores[..., 1, 0, :, :]), 0.0)
+  l_ba = jnp.where(strict, down(scores[..., 1, 1, :, :]), 0.0)
   inv = common.unit_lower_inverse(-l_ba)  # the UT transform (I - L_ba)^{-1}
   w = inv @ (bc * jnp.exp(ge) * sees_state)  # U = U_0 + W S_0, [B, H, N, C, K]
   u0 = inv @ (l_bk @ vc)  # [B, H, N, C, V]
@@ -534,6 +572,7 @@ def rwkv7(
     return_state: bool = False,
     segment_ids: Array | None = None,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """RWKV-7 "Goose" time mixing (Peng et al. 2025, arXiv:2503.14456) on the DPLR engine.
 
@@ -561,7 +600,7 @@ def rwkv7(
       :func:`rwkv7_bonus` after the norm.
     scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
-      segment_ids, implementation: as in :func:`dplr_attention`.
+      segment_ids, implementation, context: as in :func:`dplr_attention`.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)`` with state
@@ -574,9 +613,10 @@ def rwkv7(
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   ea, eb = _rwkv7_ab(kappa, a, common.acc_dtype(r.dtype))
-  o, state = _run(r, k, v, ea, eb, log_w, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids,
-                  pallas=pallas)
+  o, state = _run_in(context, r, k, v, ea, eb, log_w,
+                     scale=common.resolve_scale(scale, dk), form=form,
+                     chunk_size=chunk_size, initial_state=initial_state,
+                     segment_ids=segment_ids, pallas=pallas)
   if bonus is not None:
     o = o + rwkv7_bonus(r, k, v, bonus)
   o = o.astype(r.dtype)
@@ -630,6 +670,7 @@ def kda(
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear"): the gated delta rule with a
   per-channel decay.
@@ -644,8 +685,8 @@ def kda(
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
     log_alpha: ``[B, T, H, K]`` per-channel log decay ``<= 0``, ``-inf``
       included (checked when concrete).
-    scale, form, chunk_size, initial_state, return_state, segment_ids,
-      implementation: as in :func:`dplr_attention`.
+    scale, form, chunk_size, initial_state, return_state, segment_ids, implementation, context: as in
+      :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and ``k`` over ``K`` here.
 
   Returns:
@@ -661,9 +702,10 @@ def kda(
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
-  o, state = _run(q, wk, v, ea, eb, log_alpha, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids,
-                  pallas=pallas)
+  o, state = _run_in(context, q, wk, v, ea, eb, log_alpha,
+                     scale=common.resolve_scale(scale, dk), form=form,
+                     chunk_size=chunk_size, initial_state=initial_state,
+                     segment_ids=segment_ids, pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
@@ -735,6 +777,7 @@ def gated_deltaproduct(
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """Gated DeltaProduct (Siems et al. 2025, "DeltaProduct"): ``R`` delta-rule
   (Householder-like) steps per token after one scalar gate.
@@ -750,9 +793,8 @@ def gated_deltaproduct(
     v: ``[B, T, H, R, V]``.
     beta: ``[B, T, H, R]`` in ``[0, 2]`` (checked when concrete).
     log_decay: None or ``[B, T, H]`` (one gate per head and token), ``<= 0``.
-    scale, form, chunk_size (tokens; ``R`` sub-steps each; sub-steps for the
-      kernel), initial_state, return_state, segment_ids, implementation: as in
-      :func:`dplr_attention`.
+    scale, form, chunk_size (tokens; ``R`` sub-steps each), initial_state,
+      return_state, segment_ids, implementation, context: as in :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and every ``k`` over ``K`` here.
 
   Returns:
@@ -770,9 +812,10 @@ def gated_deltaproduct(
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))
-  o, state = _run(q, wk, v, ea, eb, log_decay, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids,
-                  pallas=pallas)
+  o, state = _run_in(context, q, wk, v, ea, eb, log_decay,
+                     scale=common.resolve_scale(scale, dk), form=form,
+                     chunk_size=chunk_size, initial_state=initial_state,
+                     segment_ids=segment_ids, pallas=pallas)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 

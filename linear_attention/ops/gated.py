@@ -24,6 +24,7 @@ import numpy as np
 
 from linear_attention import common
 from linear_attention.ops import decay
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -39,7 +40,7 @@ def _check_param(name: str, x: Array, expected, what: str) -> None:
 def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = None,
         form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
         return_state: bool = False, segment_ids: Array | None = None,
-        implementation: str | None = None):
+        implementation: str | None = None, context: SeqContext | None = None):
   """Gated linear attention (Yang et al. 2023, arXiv:2312.06635).
 
   ``S_t = diag(exp(log_g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
@@ -55,6 +56,8 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
     implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
       choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis (as in the engine).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with the
@@ -65,7 +68,7 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
   return decay.decay_linear_attention(
       q, k, v, log_g, scale=scale, form=form, chunk_size=chunk_size,
       initial_state=initial_state, return_state=return_state, segment_ids=segment_ids,
-      implementation=implementation)
+      implementation=implementation, context=context)
 
 
 def gla_step(q: Array, k: Array, v: Array, state: Array, log_g: Array, *,
@@ -113,7 +116,7 @@ def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
               scale: float | None = None, form: str = "chunk", chunk_size: int = 64,
               initial_state: Array | None = None, return_state: bool = False,
               segment_ids: Array | None = None,
-              implementation: str | None = None):
+              implementation: str | None = None, context: SeqContext | None = None):
   """RetNet retention, recurrent view (Sun et al. 2023, arXiv:2307.08621).
 
   ``S_t = gamma_h S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``, a fixed
@@ -127,6 +130,8 @@ def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
     implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
       choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis (as in the engine).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
@@ -136,7 +141,7 @@ def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
   return decay.decay_linear_attention(
       q, k, v, log_decay, scale=scale, form=form, chunk_size=chunk_size,
       initial_state=initial_state, return_state=return_state, segment_ids=segment_ids,
-      implementation=implementation)
+      implementation=implementation, context=context)
 
 
 def retention_step(q: Array, k: Array, v: Array, state: Array, *, gamma: Array | None = None,
@@ -166,7 +171,7 @@ def _hgrn2_key(log_f: Array, dtype) -> Array:
 def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
           form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
           return_state: bool = False, segment_ids: Array | None = None,
-          implementation: str | None = None):
+          implementation: str | None = None, context: SeqContext | None = None):
   """HGRN2 (Qin et al. 2024, arXiv:2404.07904): the forget gate doubles as the key.
 
   ``S_t = diag(f_t) S_{t-1} + (1 - f_t) v_t^T``, ``o_t = scale * S_t^T q_t``,
@@ -184,6 +189,8 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
     implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
       choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis (as in the engine).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
@@ -193,7 +200,7 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
   return decay.decay_linear_attention(
       q, _hgrn2_key(log_f, q.dtype), v, log_f, scale=scale, form=form,
       chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
-      segment_ids=segment_ids, implementation=implementation)
+      segment_ids=segment_ids, implementation=implementation, context=context)
 
 
 def hgrn2_step(q: Array, log_f: Array, v: Array, state: Array, *, scale: float | None = 1.0):
@@ -219,7 +226,7 @@ def hgrn2_step(q: Array, log_f: Array, v: Array, state: Array, *, scale: float |
 def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float | None = 1.0,
           form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
           return_state: bool = False, segment_ids: Array | None = None,
-          implementation: str | None = None):
+          implementation: str | None = None, context: SeqContext | None = None):
   """RWKV-6 "Finch" time mixing (Peng et al. 2024, arXiv:2404.05892).
 
   ``o_t = scale * r_t^T (S_{t-1} + diag(u) k_t v_t^T)``,
@@ -246,6 +253,8 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
       segment_ids: as in :func:`~linear_attention.ops.decay.decay_linear_attention`.
     implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
       choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis (as in the engine).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)``.
@@ -254,6 +263,11 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
   common.check_log_decay(log_w, b, t, h, dk, name="log_w", per_head=False)
   _check_param("u", u, (h, dk), "[H, K]")
   common.check_segment_ids(segment_ids, b, t)
+  if context is not None and context.is_local:
+    # The one-step shift below would need the previous device's last token.
+    raise ValueError("context: rwkv6 shifts k, v and log_w one token later across device "
+                     "edges; call it on the global arrays (outside jax.shard_map), not on "
+                     f"local slices of mesh axis {context.axis_name!r}.")
   scale = common.resolve_scale(scale, dk)
   acc = common.acc_dtype(r.dtype)
   r32, k32, v32 = (x.astype(acc) for x in (r, k, v))
@@ -266,7 +280,7 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
   o, state = decay.decay_linear_attention(
       r32, k_late, late(v32), late(log_w), scale=scale, form=form, chunk_size=chunk_size,
       initial_state=initial_state, return_state=True, segment_ids=segment_ids,
-      implementation=implementation)
+      implementation=implementation, context=context)
   bonus = jnp.sum(r32 * u.astype(acc) * k32, axis=-1, keepdims=True) * v32
   o = (o + scale * bonus).astype(r.dtype)
   if not return_state:
@@ -353,7 +367,7 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
         dt_bias: Array | None = None, dt_softplus: bool = False, scale: float | None = 1.0,
         form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
         return_state: bool = False, segment_ids: Array | None = None,
-        implementation: str | None = None):
+        implementation: str | None = None, context: SeqContext | None = None):
   """Mamba-2's state-space duality layer core, SSD (Dao & Gu 2024, arXiv:2405.21060).
 
   ``h_t = exp(dt_t A) h_{t-1} + B_t (dt_t x_t)^T``, ``y_t = h_t^T C_t + D x_t``
@@ -380,6 +394,8 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
       transpose, ``[batch, H, P, N]``).
     implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
       choice (see :func:`~linear_attention.ops.decay.decay_linear_attention`).
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis (as in the engine).
 
   Returns:
     ``y`` ``[batch, T, H, P]`` in the dtype of ``x``, or ``(y, state)`` with
@@ -391,7 +407,7 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
   y, state = decay.decay_linear_attention(
       q, k, v, log_decay, scale=scale, form=form, chunk_size=chunk_size,
       initial_state=initial_state, return_state=True, segment_ids=segment_ids,
-      implementation=implementation)
+      implementation=implementation, context=context)
   y = (y + skip).astype(x.dtype)
   return (y, state) if return_state else y
 

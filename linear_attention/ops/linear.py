@@ -29,6 +29,8 @@ from jax import lax
 from linear_attention import common
 from linear_attention.ops import decay
 from linear_attention.ops import feature_maps as fm
+from linear_attention.ops import context as context_lib
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -154,6 +156,7 @@ def linear_attention(
     return_state: bool = False,
     segment_ids: Array | None = None,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """Kernelized linear attention, causal or not, with an optional normaliser.
 
@@ -189,6 +192,12 @@ def linear_attention(
     implementation: ``None``, ``"xla"`` or ``"pallas"``: the engine's kernel
       choice for the recurrent paths (see
       :func:`~linear_attention.ops.decay.decay_linear_attention`).
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis. The feature maps (and the positive maps'
+      running key shift, a prefix maximum) act on the global arrays; the
+      recurrence over ``phi(k) [v, 1]`` runs sequence-parallel in the engine;
+      bidirectional attention is global sums (and, with ``segment_ids``, one
+      reversed engine pass), which XLA partitions over the axis.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
@@ -199,6 +208,16 @@ def linear_attention(
   # Normalised and stateless, the positive key features may be shifted by a
   # factor that every query sees whole: it cancels exactly.
   stateless = normalize and initial_state is None and not return_state
+  context_lib.check_context(context)
+  if context is not None:
+    context.check(b, t)
+  if (context is not None and context.is_local
+      and (not causal or (stateless and feature_map not in fm.DETERMINISTIC_MAPS))):
+    # Prefix maxima and sums over T would see this device's slice only.
+    raise ValueError(
+        f"context: linear_attention with causal={causal} and feature_map={feature_map!r} "
+        "mixes tokens outside the engine (global sums or a running key shift); call it on "
+        f"the global arrays (outside jax.shard_map over {context.axis_name!r}).")
   phi_q, phi_k, engine_scale, log_decay = _features(
       q, k, feature_map, scale=scale, key=key, num_features=num_features,
       projection=projection, normalize=normalize,
@@ -212,7 +231,7 @@ def linear_attention(
     out, state = decay.decay_linear_attention(
         phi_q, phi_k, vv, log_decay, scale=engine_scale, form=form, chunk_size=chunk_size,
         initial_state=initial_state, return_state=True, segment_ids=segment_ids,
-        implementation=implementation)
+        implementation=implementation, context=context)
   elif segment_ids is None:
     state = jnp.einsum("bthf,bthv->bhfv", phi_k, vv)
     if initial_state is not None:
@@ -222,7 +241,8 @@ def linear_attention(
     # Segment-restricted global sums: forward prefix + backward suffix - self.
     run = lambda a, b_, c, seg, s0: decay.decay_linear_attention(
         a, b_, c, scale=engine_scale, form=form, chunk_size=chunk_size,
-        initial_state=s0, return_state=True, segment_ids=seg, implementation=implementation)
+        initial_state=s0, return_state=True, segment_ids=seg, implementation=implementation,
+        context=context)
     fwd, state = run(phi_q, phi_k, vv, segment_ids, initial_state)
     flip = lambda x: jnp.flip(x, axis=1)
     bwd, _ = run(flip(phi_q), flip(phi_k), flip(vv), flip(segment_ids), None)
@@ -319,6 +339,7 @@ def rebased_attention(
     return_state: bool = False,
     segment_ids: Array | None = None,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """ReBased attention: ``phi(x) = (LN_{gamma,beta}(x) LN_{gamma,beta}(x)^T) / sqrt(D)``.
 
@@ -332,7 +353,7 @@ def rebased_attention(
       ``D (D + 1) / 2``); v: ``[B, T, H, V]``.
     gamma, beta: ``[D]`` or ``[H, D]``.
     causal, eps, form, chunk_size, initial_state, return_state, segment_ids,
-      implementation: as in :func:`linear_attention` (the normaliser is
+      implementation, context: as in :func:`linear_attention` (the normaliser is
       always on; ``initial_state`` is ``[B, H, D (D + 1) / 2, V + 1]``).
     norm_eps: the LayerNorm's variance epsilon.
 
@@ -344,7 +365,7 @@ def rebased_attention(
   return linear_attention(
       qn, kn, v, feature_map="squared", causal=causal, eps=eps, form=form,
       chunk_size=chunk_size, initial_state=initial_state, return_state=return_state,
-      segment_ids=segment_ids, implementation=implementation)
+      segment_ids=segment_ids, implementation=implementation, context=context)
 
 
 def rebased_attention_step(q: Array, k: Array, v: Array, state: Array, gamma: Array,

@@ -15,8 +15,11 @@ so that the resumed run can save that step again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
+import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -38,6 +41,58 @@ def _first_line(error: BaseException) -> str:
   text = str(error).strip().splitlines()
   first = text[0].split(" See full TensorStore details")[0] if text else ""
   return f"{type(error).__name__}: {first[:160]}".rstrip(": ")
+
+
+# The write errors a full disk (or a file size limit, or a quota) gives.
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _write_errno(error: BaseException) -> int | None:
+  """The OS error number behind a failed write: an ``OSError``'s, or the one TensorStore's
+  message quotes (``[os_error_code='28']``)."""
+  if isinstance(error, OSError) and error.errno:
+    return error.errno
+  found = re.search(r"os_error_code='(\d+)'", str(error))
+  return int(found.group(1)) if found else None
+
+
+def _drop_closed_loop_reports(previous):
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+      previous(unraisable)
+  hook.drops_closed_loop_reports = True
+  return hook
+
+
+def quiet_closed_loop_reports() -> None:
+  """Drops the "Event loop is closed" reports of a failed checkpoint write (idempotent).
+
+  After a write fails, orbax closes its event loops while TensorStore's I/O threads still
+  answer them; each late answer was printed as a 5-line unraisable traceback (about 50 for
+  one full disk). They repeat the failure that the run reports in one line.
+  """
+  if not getattr(sys.unraisablehook, "drops_closed_loop_reports", False):
+    sys.unraisablehook = _drop_closed_loop_reports(sys.unraisablehook)
+
+
+class _OrbaxErrorsToLog(logging.Filter):
+  """Sends orbax's ERROR records (each failed write of a save, with its traceback: hundreds
+  of lines for one full disk) to ``path`` instead of the terminal; the failure itself reaches
+  the trainer as one :class:`errors.CheckpointWriteError`."""
+
+  def __init__(self, path: str | None):
+    super().__init__()
+    self.path = path
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname:
+      return True
+    if self.path is not None:
+      with contextlib.suppress(OSError):  # the disk may be the thing that is full
+        with open(self.path, "a") as f:
+          f.write(logging.Formatter("%(asctime)s %(name)s: %(message)s").format(record) + "\n")
+    return False
 
 
 def newest_step_on_disk(workdir: str) -> int | None:
@@ -75,6 +130,7 @@ class Checkpointer:
     self.workdir = os.path.abspath(workdir)
     self.directory = os.path.join(self.workdir, CHECKPOINT_DIR)
     self.read_only = read_only
+    self._last_save: int | None = None  # the step an asynchronous failure most likely hit
     if read_only:
       self._options = ocp.CheckpointManagerOptions(read_only=True)
       self.manager = ocp.CheckpointManager(self.directory, options=self._options)
@@ -91,6 +147,10 @@ class Checkpointer:
     )
     self._options = options
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    quiet_closed_loop_reports()
+    self._log_filter = _OrbaxErrorsToLog(
+        os.path.join(self.workdir, "error.log") if jax.process_index() == 0 else None)
+    logging.getLogger("absl").addFilter(self._log_filter)
 
   def _reopen(self) -> None:
     """A fresh manager: after a failed restore orbax's keeps what it guessed from the damaged
@@ -119,8 +179,38 @@ class Checkpointer:
     return self.manager.should_save(step)
 
   def save(self, step: int, state: Any, force: bool = False) -> bool:
-    """Saves ``state`` (a pytree of arrays) as ``step``; async unless configured otherwise."""
-    return self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+    """Saves ``state`` (a pytree of arrays) as ``step``; async unless configured otherwise.
+
+    Raises:
+      CheckpointWriteError: this save, or the previous asynchronous one, failed.
+    """
+    try:
+      saved = self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+    except Exception as e:  # noqa: BLE001 -- orbax raises bare ValueError for I/O errors
+      raise self._write_failed(e, step) from e
+    if saved:
+      self._last_save = step
+    return saved
+
+  def _write_failed(self, error: BaseException, step: int | None
+                    ) -> errors.CheckpointWriteError:
+    """One line for a failed save: which step, why, and where a rerun resumes."""
+    # An asynchronous save fails later, at the next save or wait: its path names its step.
+    found = re.search(rf"{re.escape(CHECKPOINT_DIR)}/(\d+)\.orbax-checkpoint-tmp", str(error))
+    step = int(found.group(1)) if found else step
+    code = _write_errno(error)
+    reason = (f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code
+              else _first_line(error))
+    try:
+      latest = self.manager.latest_step()
+    except Exception:  # noqa: BLE001 -- the message must not fail too
+      latest = None
+    resume = f"from step {latest}" if latest else "from the start (no checkpoint was complete)"
+    advice = "free some space (or raise the file size limit), then " if code in _NO_SPACE else ""
+    what = "a checkpoint" if step is None else f"checkpoint {step}"
+    return errors.CheckpointWriteError(
+        f"{what} could not be written in {self.directory}: {reason}; {advice}rerun "
+        f"the same command to resume {resume}.")
 
   def restore(self, step: int, target: Any) -> Any:
     """Restores ``step`` into the structure, dtypes and shardings of ``target``.
@@ -233,9 +323,35 @@ class Checkpointer:
     self.manager.reload()
 
   def wait_until_finished(self) -> None:
-    self.manager.wait_until_finished()
+    """Waits for an asynchronous save.
+
+    Raises:
+      CheckpointWriteError: it failed.
+    """
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 -- as in save()
+      raise self._write_failed(e, self._last_save) from e
 
   def close(self) -> None:
-    if not self.read_only:
-      self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits for a pending save and closes the manager.
+
+    Raises:
+      CheckpointWriteError: the pending save failed (the manager is closed all the same).
+    """
+    failed = None
+    try:
+      if not self.read_only:
+        self.wait_until_finished()
+    except errors.CheckpointWriteError as e:
+      failed = e
+    try:
+      self.manager.close()
+    except Exception:  # noqa: BLE001 -- after a failed save, that failure is the one to report
+      if failed is None:
+        raise
+    finally:
+      if not self.read_only:
+        logging.getLogger("absl").removeFilter(self._log_filter)
+    if failed is not None:
+      raise failed

@@ -17,8 +17,8 @@ EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT (128 + 2)
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "finished (or had finished before)",
-    EXIT_RUNTIME: "runtime failure after the run started (I/O error, no readable checkpoint, "
-                  "an internal error); traceback in <workdir>/error.log",
+    EXIT_RUNTIME: "runtime failure after the run started (I/O error such as a full disk, no "
+                  "readable checkpoint, an internal error); traceback in <workdir>/error.log",
     EXIT_CONFIG: "bad configuration or workdir (also: config changed, workdir locked); "
                  "nothing was written",
     EXIT_PREEMPTED: "stopped by SIGTERM (or a first Ctrl-C) after saving a checkpoint; rerun "
@@ -42,6 +42,11 @@ class ConfigChangedError(ConfigError):
 
 class CheckpointError(RuntimeError):
   """The workdir has checkpoints but none of them can be restored."""
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written (a full disk, a file size limit, a lost mount); the
+  checkpoints saved before it are intact."""
 
 
 class DataError(ValueError):

@@ -36,7 +36,10 @@ DETAIL = True  # shared memory, registers and spills per kernel
 #   sweep holds dS [K, block_v], the chunk's [16, K] tiles and the pair rows;
 #   255 registers); H200 spills nothing. Before the backward was split into
 #   dq and dk/dv kernels (and the sweeps cut to chunks of 16) it spilled up to
-#   4388 B on H200 and 132400 B on A100.
+#   4388 B on H200 and 132400 B on A100. Tried for that kernel alone on A100
+#   (B): 1 or 3 stages 24; 4 warps 248, 16 warps 1276; block_v 16: 64; dS
+#   entering after the leaving state's dots 216; k, v kept bf16 through the
+#   pair loop 24; dv from a [16, 16] pair matrix and a dot 40.
 # * chunk_decay_bwd_dkv and chunk_decay_fwd, float32 only (full-precision
 #   dots of [16, 128] float32 tiles): dk/dv up to 6392 B (no decay), the
 #   forward up to 1320 B, on H200; the dq and states kernels spill nothing.

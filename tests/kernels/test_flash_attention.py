@@ -156,17 +156,6 @@ def test_errors_name_the_argument():
     softmax_attention(q, k, v, implementation="pallas", algorithm="naive")
 
 
-def test_pallas_on_cpu_runs_in_interpret_mode():
-  # implementation="pallas" means the kernel everywhere, as for every op: on a
-  # host without a GPU or TPU it is interpreted (exact, slow).
-  q, k, v, _ = _inputs()
-  ref = softmax_attention(q, k, v, causal=True, algorithm="naive")
-  assert_close(softmax_attention(q, k, v, causal=True, implementation="pallas"), ref, 1e-5, 1e-5)
-  ref = sliding_window_attention(q, k, v, window=4, implementation="xla")
-  assert_close(sliding_window_attention(q, k, v, window=4, implementation="pallas"), ref,
-               1e-5, 1e-5)
-
-
 def test_ops_dispatch_default_matches_xla():
   # implementation=None is the XLA path on CPU and the kernel on GPU/TPU: same numbers.
   q, k, v, _ = _inputs()

@@ -150,8 +150,16 @@ class OpSpec:
     return self.name
 
 
+# A kernel case's pseudo-form: the op's chunk form through its Pallas kernel
+# (``implementation="pallas"``; see ``KERNEL_CASES``).
+PALLAS = "pallas"
+
+
 def _kw(form, s0, seg, state=True):
-  kw = {} if form == "default" else {"form": form}
+  if form == PALLAS:
+    kw = {"form": "chunk", "implementation": "pallas"}
+  else:
+    kw = {} if form == "default" else {"form": form}
   if state:
     kw.update(initial_state=s0, return_state=True)
   if seg is not None:
@@ -796,7 +804,8 @@ SOFTMAX = OpSpec(
     name="softmax_attention", names=("q", "k", "v"),
     make=_make_qkv, timed=(True, True, True),
     run=lambda a, form, s0, seg: (ops.softmax_attention(
-        *a, causal=True, algorithm=form, block_size=CHUNK, segment_ids=seg), None),
+        *a, causal=True, block_size=CHUNK, segment_ids=seg,
+        **({"implementation": "pallas"} if form == PALLAS else {"algorithm": form})), None),
     reference=ref_softmax, forms=("naive", "blockwise"), rtol=1e-4, atol=1e-5)
 
 def ref_forgetting(arrays, s0, seg):
@@ -850,7 +859,8 @@ SLIDING_WINDOW = OpSpec(
     name="sliding_window_attention", names=("q", "k", "v"),
     make=_make_qkv, timed=(True, True, True),
     run=lambda a, form, s0, seg: (ops.sliding_window_attention(
-        *a, window=WINDOW, block_size=8, segment_ids=seg), None),
+        *a, window=WINDOW, block_size=8, segment_ids=seg,
+        implementation="pallas" if form == PALLAS else None), None),
     reference=ref_sliding_window, rtol=1e-4, atol=1e-5,
     step=_sliding_step, step_state_checked=False,
     step_state=lambda a: ops.init_sliding_window_cache(a[0].shape[0], H, WINDOW, K, V))
@@ -1084,3 +1094,75 @@ STATEFUL = tuple(s for s in SPECS if s.make_state is not None)
 WITH_STEP = tuple(s for s in SPECS if s.step is not None)
 WITH_LOG_GATE = tuple(s for s in SPECS if s.log_gate is not None)
 assert all(len(s.names) == len(s.timed) for s in SPECS)
+
+
+# ------------------------------------------------------------------ Pallas kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """A Pallas kernel that ops reach with ``implementation="pallas"``.
+
+  ``entry``: the name its entry point gives ``kernels.dispatch.resolve_launch``
+  (the suite checks that the op launched it); ``segments``: whether it takes
+  packed ``segment_ids`` (where not, the op must refuse them under ``"pallas"``,
+  naming ``segment_ids``).
+  """
+
+  entry: str
+  segments: bool = True
+
+
+CHUNK_DECAY = Kernel("chunk_decay_attention", segments=False)
+CHUNK_DELTA = Kernel("chunk_delta_attention")
+CHUNK_DPLR = Kernel("chunk_dplr_attention")
+FLASH_ATTENTION = Kernel("flash_attention")
+LINEAR_SCAN_KERNEL = Kernel("the Pallas linear_scan")
+
+GPU = ("gpu",)
+GPU_TPU = ("gpu", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCase:
+  """An op run through its kernel (the pseudo-form :data:`PALLAS`), in the interpret
+  mode of each of ``platforms`` (natively on a host that is one)."""
+
+  spec: OpSpec
+  kernel: Kernel
+  platforms: tuple[str, ...] = GPU
+
+  @property
+  def name(self):
+    return self.spec.name
+
+
+# Every op that reaches a kernel, one line each. The GPU interpret path for
+# every op; the TPU one too for one op per kernel and mode that the op layer
+# reaches differently (the others test the op's mapping onto the kernel, the
+# same on both platforms, and tests/kernels runs every mode on both): the TPU
+# interpreter takes 4-13 CPU s a case here, the GPU one 1-3 s.
+KERNEL_CASES = (
+    KernelCase(DECAY, CHUNK_DECAY, GPU_TPU),  # per-channel decay
+    KernelCase(RETENTION, CHUNK_DECAY, GPU_TPU),  # scalar decay
+    KernelCase(LINEAR, CHUNK_DECAY, GPU_TPU),  # no decay; the normaliser as a value column
+    KernelCase(GLA, CHUNK_DECAY),
+    KernelCase(HGRN2, CHUNK_DECAY),
+    KernelCase(RWKV6, CHUNK_DECAY),
+    KernelCase(SSD, CHUNK_DECAY),
+    KernelCase(MLSTM, CHUNK_DECAY),
+    KernelCase(BASED, CHUNK_DECAY),
+    KernelCase(REBASED, CHUNK_DECAY),
+    KernelCase(DELTANET, CHUNK_DELTA),
+    KernelCase(GATED_DELTANET, CHUNK_DELTA, GPU_TPU),
+    KernelCase(KDA, CHUNK_DPLR, GPU_TPU),  # per-channel decay, rank one
+    KernelCase(RWKV7, CHUNK_DPLR),
+    KernelCase(GATED_DELTAPRODUCT, CHUNK_DPLR),  # rank R: R sub-steps a token
+    KernelCase(DPLR, CHUNK_DPLR),
+    KernelCase(SOFTMAX, FLASH_ATTENTION),
+    KernelCase(SLIDING_WINDOW, FLASH_ATTENTION, GPU_TPU),  # a band, causal, segments
+    KernelCase(LINEAR_SCAN, LINEAR_SCAN_KERNEL, GPU_TPU),
+)
+# (case, platform) pairs, the parameters of the kernel checks.
+KERNEL_RUNS = tuple((c, p) for c in KERNEL_CASES for p in c.platforms)
+assert all(c.spec in SPECS for c in KERNEL_CASES)

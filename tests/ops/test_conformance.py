@@ -22,7 +22,12 @@ Checks (a spec's capabilities say which apply):
   gives the reference's output and finite gradients equal across forms;
 * transformations: ``jit(vmap(op))`` equals eager calls one slice at a time,
   ``grad`` under ``jit`` is finite (its values are checked against the
-  reference by the forms check).
+  reference by the forms check);
+* Pallas kernels (``conformance.KERNEL_CASES``): the op through its kernel
+  (``implementation="pallas"``) in the GPU (Triton) and TPU (Mosaic) interpret
+  modes, natively on such a host: forward and gradient against the reference
+  and the XLA op, with the initial and final state and packed segments (or the
+  op refusing them under ``"pallas"``), and one token.
 
 Checks that only make sense for one op stay in that op's test file.
 """
@@ -36,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from linear_attention.kernels import dispatch
 from tests import helpers
 from tests.ops import conformance as cf
 
@@ -83,12 +89,12 @@ def _check_dtypes(spec, out, dtype):
     assert leaf.dtype == F32, f"{spec.name}: state dtype {leaf.dtype}, want float32"
 
 
-def _run_forms(spec, arrays, s0, seg):
-  """The reference's and every form's ``(out, grads)``, one jit each; the
-  gradients are those of the differentiable inputs and the initial state."""
+def _run_forms(spec, arrays, s0, seg, forms=None):
+  """The reference's and every form's (default: ``spec.forms``) ``(out, grads)``, one
+  jit each; the gradients are those of the differentiable inputs and the initial state."""
   ref, args = _bind(spec, lambda a, s: spec.reference(a, s, seg), arrays, s0)
   results = {}
-  for form in spec.forms:
+  for form in spec.forms if forms is None else forms:
     fn, _ = _bind(spec, lambda a, s, form=form: spec.run(a, form, s, seg), arrays, s0)
     results[form] = helpers.value_and_grads(fn, args)
   return helpers.value_and_grads(ref, args), results
@@ -96,8 +102,8 @@ def _run_forms(spec, arrays, s0, seg):
 
 def _assert_forms_agree(spec, results):
   """Every form's results (a pytree per form) against the first form's."""
-  first = spec.forms[0]
-  for form in spec.forms[1:]:
+  first, *others = results
+  for form in others:
     helpers.assert_tree_close(results[form], results[first], spec.grad_tol, spec.grad_tol,
                               f"{spec.name}: {form} against {first}")
 
@@ -322,3 +328,55 @@ def test_neg_inf_log_gate_is_a_hard_reset(spec):
       ok = np.isfinite(ref_g)
       helpers.assert_close(got[ok], ref_g[ok], spec.grad_tol, spec.grad_tol, f"{form} gradient")
   _assert_forms_agree(spec, {form: grads for form, (_, grads) in results.items()})
+
+
+def _send_kernels_to(platform, monkeypatch, request):
+  """Sends the ops' kernel launches to ``platform`` (interpret mode unless this host
+  is one) and returns the list each launch appends ``(entry point, platform)`` to."""
+  launches = []
+  resolve = dispatch.resolve_launch
+
+  def record(what, *args, **kwargs):
+    out = resolve(what, *args, **kwargs)
+    launches.append((what, out[0]))
+    return out
+
+  monkeypatch.setattr(dispatch, "default_platform", lambda: platform)
+  monkeypatch.setattr(dispatch, "resolve_launch", record)
+  # An op that jits inside (mlstm) would replay a trace of another platform's
+  # kernel: traced afresh here, and forgotten after the test.
+  jax.clear_caches()
+  request.addfinalizer(jax.clear_caches)
+  return launches
+
+
+@pytest.mark.parametrize("case,platform", cf.KERNEL_RUNS,
+                         ids=lambda x: getattr(x, "name", str(x)))
+def test_kernel_matches_reference_and_xla(case, platform, monkeypatch, request):
+  """Forward and gradient (inputs and initial state) of the op through its kernel
+  against the float32 reference and the op's XLA form, T = 37 with packed segments
+  where the kernel takes them; then T = 1 (forward)."""
+  spec, kernel = case.spec, case.kernel
+  launches = _send_kernels_to(platform, monkeypatch, request)
+  arrays, s0 = _inputs(spec, 37, 0)
+  segments = _segments(SEG_LENGTHS) if spec.segments else None
+  seg = segments if kernel.segments else None
+  if segments is not None and seg is None:
+    with pytest.raises(ValueError, match=r"\bsegment_ids\b"):
+      spec.run(arrays, cf.PALLAS, s0, segments)
+  xla = _default_form(spec)
+  (want, want_grads), results = _run_forms(spec, arrays, s0, seg, forms=(xla, cf.PALLAS))
+  out, grads = results[cf.PALLAS]
+  _check_dtypes(spec, out, F32)
+  helpers.assert_tree_close(out, want, spec.rtol, spec.atol, f"{spec.name} pallas forward")
+  helpers.assert_tree_close(grads, want_grads, spec.grad_tol, spec.grad_tol,
+                            f"{spec.name} pallas gradient")
+  _assert_forms_agree(spec, results)
+  assert launches and set(launches) == {(kernel.entry, platform)}, launches
+
+  if platform != "gpu":
+    return  # one token: the GPU path only (the TPU interpreter takes 2-4 s more)
+  one, s1 = _inputs(spec, 1, 3)
+  want, out = jax.jit(lambda a, s: (spec.reference(a, s, None), spec.run(a, cf.PALLAS, s, None)))(
+      one, s1)
+  helpers.assert_tree_close(out, want, spec.rtol, spec.atol, f"{spec.name} pallas T=1")

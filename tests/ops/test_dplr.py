@@ -162,15 +162,17 @@ def test_engine_general_rank_against_a_plain_scan(r):
 
 
 def test_chunk_blocks_carry_state_and_segments():
-  """Long inputs run as blocks of 16 chunks with the state carried: chunks of 2 tokens
-  (4 sub-steps) make blocks of 32 tokens, so T = 70 is three blocks, with a segment
+  """Long inputs run as blocks of ``_BLOCK_CHUNKS`` chunks with the state carried: chunks of 2
+  tokens (4 sub-steps) make blocks of 128 tokens, so T = 270 is three blocks, with a segment
   running across the first boundary; equal to the recurrent form, gradients included."""
-  t = 70
+  from linear_attention.ops import dplr
+  assert dplr._BLOCK_CHUNKS == 64  # the lengths below are chosen for it
+  t = 270
   q, k, v, a, b = _engine_inputs(7, t, 2)
   rng = _rng(8)
   g = jax.nn.log_sigmoid(2.0 + _normal(rng, B, t, H, K))
   s0 = _normal(rng, B, H, K, V, scale=0.5)
-  seg = jnp.asarray(np.stack([np.repeat([0, 1, 2], [20, 30, 20]), np.zeros(t, int)]), jnp.int32)
+  seg = jnp.asarray(np.stack([np.repeat([0, 1, 2], [100, 110, 60]), np.zeros(t, int)]), jnp.int32)
   def run(form, *xs):
     return ops.dplr_attention(*xs[:6], form=form, chunk_size=2, initial_state=xs[6],
                               return_state=True, segment_ids=seg)
@@ -323,3 +325,30 @@ def test_default_form_by_backend(monkeypatch):
   ]
   for i, call in enumerate(calls):
     helpers.assert_tree_close(call(), call(form=form), rtol=0, atol=0, err_msg=f"call {i}")
+
+
+@pytest.mark.parametrize("c", [16, 12, 7])
+def test_intra_scores_of_several_inputs_against_dense_pairs(c):
+  """The chunk form's shared in-chunk scores (two row and two column inputs, one call) equal
+  the dense ``sum_k x_ik y_jk exp(G_ik - G_jk)``, ``j <= i``, forward and gradient in float64,
+  with sub-chunks of 8, 4 (c = 12) and 1 (c = 7), and steps down to the -inf floor."""
+  from linear_attention import common
+  from linear_attention.ops import decay
+  with jax.enable_x64(True):
+    rng = _rng(c)
+    x, y = (jnp.asarray(rng.standard_normal((2, 3, 2, c, 5))) for _ in range(2))
+    g = jnp.asarray(-rng.uniform(0, 3, (2, 3, c, 5)))
+    g = g.at[0, 0, c // 2].set(-jnp.inf).at[1, 2, 1, 3].set(-20.0)
+    gc = jnp.cumsum(common.floor_log_decay(g), axis=-2)
+    tri = np.tril(np.ones((c, c), bool))[..., None]
+
+    def dense(x, y, gc):
+      e = jnp.exp(jnp.where(tri, gc[..., :, None, :] - gc[..., None, :, :], -jnp.inf))
+      return jnp.einsum("...rik,...pjk,...ijk->...rpij", x, y, e)
+
+    ct = jnp.asarray(rng.standard_normal((2, 3, 2, 2, c, c)))
+    loss = lambda f: lambda *a: jnp.sum(ct * f(*a))
+    got = jax.value_and_grad(loss(decay._intra_scores), (0, 1, 2))(x, y, gc)
+    want = jax.value_and_grad(loss(dense), (0, 1, 2))(x, y, gc)
+    assert np.all(np.isfinite(np.asarray(got[0])))
+    helpers.assert_tree_close(got, want, 1e-10, 1e-10, f"c={c}")

@@ -1,20 +1,13 @@
-"""Sequence parallelism: 4 fake CPU devices against the single-device chunk form.
+"""The deprecated ``sequence_parallel_*`` wrappers: 4 fake CPU devices against the ops.
 
-The main pytest process has one CPU device, so the multi-device checks run in
-one subprocess started with ``XLA_FLAGS=--xla_force_host_platform_device_count=4``
-(``JAX_PLATFORMS=cpu``); it runs every case of ``CASES`` and reports each
-result, and one parametrized test per case asserts it. Argument checks and a
-one-device mesh run in this process.
+The algorithms behind ``context=`` are checked engine by engine in
+``tests/ops/test_context.py``; these cases check that the wrappers still take their old
+arguments (``mesh``, ``axis_name``, ``batch_axis``, the local body inside a user
+``shard_map``) and give the op's result. The multi-device cases run in one subprocess
+(:mod:`tests.ops.multidevice`); argument checks and a one-device mesh run here.
 """
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-import time
-import traceback
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 from linear_attention import ops
 from linear_attention.ops import sequence_parallel as sp
 from tests.helpers import assert_close, assert_tree_close, grads_of, keys, rand
+from tests.ops import multidevice
 
 B, T, H, K, V = 2, 32, 2, 4, 3  # 8 tokens per device on 4 devices
 CHUNK = 4
@@ -81,19 +75,6 @@ def _value_and_grads(fn, argnums):
 
 def _mesh4():
   return jax.make_mesh((4,), ("seq",))
-
-
-def case_none():
-  _compare("none", mesh=_mesh4())
-
-
-def case_scalar():
-  _compare("scalar", mesh=_mesh4())
-
-
-def case_vector_and_strong_decay():
-  """Also log_decay down to -20 per step: exact underflow, no NaN or Inf (forward and grads)."""
-  _compare("vector", mesh=_mesh4(), strengths=(1.0, 20.0))
 
 
 def case_segments_vector():
@@ -181,46 +162,16 @@ def case_errors():
     raise AssertionError("no ValueError for B = 1 over 2 devices")
 
 
-CASES = {name[len("case_"):]: fn for name, fn in sorted(globals().items())
-         if name.startswith("case_")}
+CASES = multidevice.cases(globals())
 
 
 def _run_cases() -> None:
-  """Subprocess entry point: runs every case, prints one JSON object of results."""
-  assert jax.device_count() == 4, jax.devices()
-  results = {}
-  for name, fn in CASES.items():
-    try:
-      start = time.perf_counter()
-      fn()
-      print(f"{name}: {time.perf_counter() - start:.1f}s", file=sys.stderr)
-      results[name] = "ok"
-    except Exception:  # noqa: BLE001 - reported to the parent test, case by case.
-      results[name] = traceback.format_exc()
-  print("RESULTS " + json.dumps(results))
+  multidevice.run_cases(CASES)
 
 
 def test_four_devices():
-  """Every case of ``CASES`` on 4 fake CPU devices, in one subprocess.
-
-  One test (not one per case) so that parallel test runners start the
-  subprocess once. ``--xla_backend_optimization_level=0`` cuts the CPU
-  compile time about threefold; the numerics checked are unchanged.
-  """
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  flags = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
-  proc = subprocess.run(
-      [sys.executable, "-c", "import tests.ops.test_sequence_parallel as t; t._run_cases()"],
-      cwd=root, env=env, capture_output=True, text=True, timeout=600)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
-  assert proc.returncode == 0 and lines, (
-      f"subprocess failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-  results = json.loads(lines[-1][len("RESULTS "):])
-  assert set(results) == set(CASES), results.keys()
-  failed = {name: msg for name, msg in results.items() if msg != "ok"}
-  assert not failed, "\n\n".join(f"case {n}:\n{m}" for n, m in failed.items())
+  """Every case of ``CASES`` on 4 fake CPU devices, in one subprocess."""
+  multidevice.check_in_subprocess("tests.ops.test_sequence_parallel", CASES)
 
 
 # ------------------------------------------------------- in-process (one device)
