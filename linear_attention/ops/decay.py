@@ -42,9 +42,6 @@ from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
-# Sub-chunk length of per-channel decays: the exact in-sub-chunk part costs one exp per
-# (pair, channel), S per token; 8 measured 10-15% faster than 16 for GLA at 4k on one core.
-_SUBCHUNK = 8
 # Chunks per block of the chunk form's outer scan (see _chunk).
 _BLOCK_CHUNKS = 16
 
@@ -255,112 +252,6 @@ def _expand(g, like):
   return g[..., None] if g.ndim == like.ndim - 1 else g
 
 
-def _subchunk_size(c: int) -> int:
-  """The largest divisor of the chunk length that is at most ``_SUBCHUNK``."""
-  return max(d for d in range(1, min(c, _SUBCHUNK) + 1) if c % d == 0)
-
-
-def _intra_factors(gc):
-  """The sub-chunk factors of ``exp(G_i - G_j)`` (``j <= i``) in a chunk, for :func:`_intra_scores`.
-
-  Args: ``gc [..., C, K]``, the in-chunk cumulative log decay. With sub-chunks of ``s`` steps
-  (``n = C / s``), ``R_I`` the log decay just before sub-chunk ``I`` and ``E_J`` that at the
-  end of ``J``, returns ``(row, col, pair)``: ``row [..., n, s, K] = exp(G_i - R_I)``;
-  ``col [..., n, C, K] = exp(R_I - G_j)`` for ``j`` before sub-chunk ``I`` (else 0), built as
-  ``exp(R_I - E_J) exp(E_J - G_j)`` so it costs ``n^2 + C`` exps per channel, not ``n C``;
-  ``pair [..., n, K, s, s] = exp(G_i - G_j)`` for ``j <= i`` inside one sub-chunk (else 0;
-  K ahead of the pair axes: with K the minor axis, XLA's CPU backend ran the in-sub-chunk
-  contractions as strided matrix-vector products, 3x slower). Every exponent is ``<= 0``.
-  """
-  c, dk = gc.shape[-2:]
-  s = _subchunk_size(c)
-  n = c // s
-  gs = gc.reshape(gc.shape[:-2] + (n, s, dk))
-  ends = gs[..., -1, :]  # E_J, [..., n, K]
-  ref = jnp.concatenate([jnp.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], axis=-2)  # R_I
-  row = jnp.exp(gs - ref[..., :, None, :])
-  below = jnp.tril(jnp.ones((n, n), bool), -1)
-  bridge = jnp.exp(jnp.where(below[:, :, None], ref[..., :, None, :] - ends[..., None, :, :],
-                             -jnp.inf))  # [..., I, J, K]
-  to_end = jnp.exp(ends[..., :, None, :] - gs)  # [..., J, j, K]
-  col = (bridge[..., :, :, None, :] * to_end[..., None, :, :, :]).reshape(
-      gc.shape[:-2] + (n, c, dk))
-  gt = jnp.swapaxes(gs, -1, -2)  # [..., n, K, s]
-  tri = jnp.tril(jnp.ones((s, s), bool))
-  pair = jnp.exp(jnp.where(tri, gt[..., :, None] - gt[..., None, :], -jnp.inf))
-  return row, col, pair
-
-
-def _intra_parts(x, y, gc):
-  """``x, y`` as sub-chunks with the factors applied; shared by the forward and backward."""
-  row, col, pair = _intra_factors(gc)
-  n, s = row.shape[-3:-1]
-  lead = gc.shape[:-2]
-  x4 = x.reshape(lead + (x.shape[-3], n, s, x.shape[-1]))  # [..., R, n, s, K]
-  y4 = y.reshape(lead + (y.shape[-3], n, s, y.shape[-1]))
-  xs = x4 * row[..., None, :, :, :]  # exp(G_i - R_I) x_i
-  yt = y[..., :, None, :, :] * col[..., None, :, :, :]  # exp(R_I - G_j) y_j, [..., P, n, C, K]
-  return x4, y4, row, xs, yt, col, pair
-
-
-@jax.custom_vjp
-def _intra_scores(x, y, gc):
-  """Causal in-chunk scores ``sum_k x_ik y_jk exp(G_ik - G_jk)`` (``j <= i``) of every pair of
-  ``R`` row and ``P`` column inputs, sharing the decay factors.
-
-  Args: ``x [..., R, C, K]``, ``y [..., P, C, K]``, ``gc [..., C, K]`` the in-chunk cumulative
-  log decay. Returns ``[..., R, P, C, C]``, zero above the diagonal.
-
-  Pairs in different sub-chunks ``J < I`` take the start of row sub-chunk ``I`` as the
-  reference, ``exp(G_i - R_I) exp(R_I - G_j)`` (one matmul per row sub-chunk); pairs inside one
-  sub-chunk take the exact pairwise difference (see :func:`_intra_factors`). The gradient is
-  written out (:func:`_intra_bwd`): differentiated automatically, the ``[..., n, s, s, K]``
-  products took 40x the forward on a CPU.
-  """
-  x4, y4, _, xs, yt, _, pair = _intra_parts(x, y, gc)
-  r, n, s = x4.shape[-4:-1]
-  p, c = y.shape[-3:-1]
-  off = jnp.einsum("...rIik,...pIjk->...rpIij", xs, yt)  # zero for j in or after sub-chunk I
-  diag = jnp.einsum("...rIik,...Ikij,...pIjk->...rpIij", x4, pair, y4)
-  eye = jnp.eye(n, dtype=diag.dtype)
-  out = off.reshape(off.shape[:-1] + (n, s)) + diag[..., :, None, :] * eye[:, None, :, None]
-  return out.reshape(out.shape[:-6] + (r, p, c, c))
-
-
-def _intra_fwd(x, y, gc):
-  return _intra_scores(x, y, gc), (x, y, gc)
-
-
-def _intra_bwd(res, ds):
-  """``dx_i = sum_j dS_ij y_j exp(G_i - G_j)``, ``dy_j = sum_i dS_ij x_i exp(G_i - G_j)``
-  through the same factors, and ``dG = sum x dx - sum y dy``: the scores see ``G`` only
-  through the differences ``G_i - G_j``."""
-  x, y, gc = res
-  x4, y4, row, xs, yt, col, pair = _intra_parts(x, y, gc)
-  r, n, s = x4.shape[-4:-1]
-  p, c = y.shape[-3:-1]
-  lead = gc.shape[:-2]
-  d5 = ds.reshape(lead + (r, p, n, s, c))
-  dd = jnp.einsum("...rpIiJj,IJ->...rpIij", ds.reshape(lead + (r, p, n, s, n, s)),
-                  jnp.eye(n, dtype=ds.dtype))  # the diagonal sub-chunk blocks
-  dx = (jnp.einsum("...rpIij,...pIjk->...rIik", d5, yt) * row[..., None, :, :, :]
-        + jnp.einsum("...rpIij,...Ikij,...pIjk->...rIik", dd, pair, y4))
-  dyt = jnp.einsum("...rpIij,...rIik->...pIjk", d5, xs)
-  dy = (jnp.sum(dyt * col[..., None, :, :, :], axis=-3)
-        + jnp.einsum("...rpIij,...Ikij,...rIik->...pIjk", dd, pair, x4).reshape(y.shape))
-  dx = dx.reshape(x.shape)
-  return dx, dy, jnp.sum(x * dx, axis=-3) - jnp.sum(y * dy, axis=-3)
-
-
-_intra_scores.defvjp(_intra_fwd, _intra_bwd)
-
-
-def _intra_scores_vector(q, k, gc):
-  """:func:`_intra_scores` of one row and one column input: ``q, k, gc [..., C, K]`` ->
-  ``[..., C, C]``."""
-  return _intra_scores(q[..., None, :, :], k[..., None, :, :], gc)[..., 0, 0, :, :]
-
-
 def _chunk(q, k, v, g, s0, seg, scale, chunk_size):
   """Chunkwise-parallel form on ``[B, T, H, *]`` inputs; returns ``(o [B, T, H, V], state)``.
 
@@ -554,7 +445,7 @@ def _chunk_local(qh, kh, vh, g, seg, c):
       diff = jnp.where(mask, gc[..., :, None] - gc[..., None, :], -jnp.inf)
       scores = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc) * jnp.exp(diff)
     else:
-      scores = _intra_scores_vector(qc, kc, gc)
+      scores = common.intra_scores_vector(qc, kc, gc)
     q_in = qc * jnp.exp(_expand(gc, qc))
     k_out = kc * jnp.exp(_expand(last[:, :, :, None] - gc, kc))
     a = jnp.exp(last)  # [B,H,N] or [B,H,N,K]

@@ -52,7 +52,7 @@ so with the UT transform ``M = (I - L_ba)^{-1}`` (one per chunk),
 Everything but ``U = U_0 + W S_0`` and the state update is computed for all
 chunks at once; the scan over chunks does two ``[C, K] x [K, V]`` matmuls.
 The in-chunk scores ``A_xy`` are those of the diagonal-decay engine
-(:func:`linear_attention.ops.decay._intra_scores`, sub-chunked so no
+(:func:`linear_attention.common.intra_scores`, sub-chunked so no
 ``[C, C, K]`` tensor is formed); ``L_xy`` reuses it with the rows moved one
 step back (``e^{E_i - G_j} = e^{G_{i-1} - G_j}``), and all four come from one call
 that shares the decay factors. Every decay factor is
@@ -81,7 +81,6 @@ from linear_attention.kernels import dispatch
 from linear_attention.ops import context as context_lib
 from linear_attention.ops import delta as delta_ops
 from linear_attention.ops.context import SeqContext
-from linear_attention.ops.decay import _intra_scores
 
 Array = jax.Array
 
@@ -401,47 +400,16 @@ def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c, block_chunks=_BLOCK_CHUNKS):
 
 def _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, seg_prev):
   """One block of the chunk form; ``seg_prev [B]`` is the segment index of the
-  token before the block (None: the block starts a row)."""
-  bsz, h, t, dk = qh.shape
+  token before the block (None: the block starts a row). The state-independent terms
+  come from :func:`~linear_attention.common.dplr_chunk_terms` (shared with the Pallas
+  kernel); only the thin ``K x V`` state pass is sequential."""
+  bsz, h, t, _ = qh.shape
   dv = vh.shape[-1]
-  g = jnp.zeros_like(kh) if gh is None else gh
-  # Padding with zeros (no decay, no correction, no write) leaves the state as is.
-  pad = lambda x: common.pad_axis(x, c, axis=2)
-  n = pad(qh).shape[2] // c
-  split = lambda x: pad(x).reshape(x.shape[:2] + (n, c) + x.shape[3:])
-  qc, kc, vc, ac, bc, gc = (split(x) for x in (qh, kh, vh, ah, bh, g))  # [B, H, N, C, *]
-  gc = jnp.cumsum(gc, axis=3)  # in-chunk inclusive cumulative log decay
-  ge = _exclusive(gc, 3)
-  last = gc[..., -1, :]  # [B, H, N, K]
-
-  if seg is not None:
-    segp = common.pad_segment_ids(seg, c).reshape(bsz, 1, n, c)
-    first = segp[:, :, :1, 0] if seg_prev is None else seg_prev[:, None, None]
-    prev_end = jnp.concatenate([first, segp[:, :, :-1, -1]], axis=2)  # [B,1,N]
-    sees_state = (segp == prev_end[..., None])[..., None].astype(qc.dtype)  # [B,1,N,C,1]
-    to_end = (segp == segp[..., -1:])[..., None].astype(qc.dtype)
-    carries = (segp[..., -1] == prev_end)[..., None].astype(qc.dtype)  # [B,1,N,1]
-  else:
-    segp, sees_state, to_end, carries = None, 1.0, 1.0, 1.0
-  incl, strict = common.pair_masks(segp, segp, c)
-
-  # In-chunk scores, all chunks at once. L_xy[i, j] = A-style score of (b_i, y_j)
-  # with the rows' decay stopped one step earlier: b moved one row back, then down.
-  # One call for the four: they share the decay factors, the costly part on a CPU.
-  b_next = jnp.concatenate([bc[..., 1:, :], jnp.zeros_like(bc[..., :1, :])], axis=3)
-  scores = _intra_scores(jnp.stack([qc, b_next], axis=3), jnp.stack([kc, ac], axis=3), gc)
-  down = lambda m: jnp.concatenate([jnp.zeros_like(m[..., :1, :]), m[..., :-1, :]], axis=-2)
-  a_qk = jnp.where(incl, scores[..., 0, 0, :, :], 0.0)
-  a_qa = jnp.where(incl, scores[..., 0, 1, :, :], 0.0)
-  l_bk = jnp.where(strict, down(scores[..., 1, 0, :, :]), 0.0)
-  l_ba = jnp.where(strict, down(scores[..., 1, 1, :, :]), 0.0)
-  inv = common.unit_lower_inverse(-l_ba)  # the UT transform (I - L_ba)^{-1}
-  w = inv @ (bc * jnp.exp(ge) * sees_state)  # U = U_0 + W S_0, [B, H, N, C, K]
-  u0 = inv @ (l_bk @ vc)  # [B, H, N, C, V]
-  decay_to_end = jnp.exp(last[..., None, :] - gc) * to_end
-  a_end = ac * decay_to_end
-  kv_local = jnp.einsum("bhnck,bhncv->bhnkv", kc * decay_to_end, vc)
-  chunk_decay = jnp.exp(last) * carries  # [B, H, N, K]
+  qg, a_qa, a_qk, u0, w, a_end, k_end, chunk_decay = common.dplr_chunk_terms(
+      qh, kh, vh, ah, bh, gh, seg, c, seg_prev=seg_prev)
+  n = qg.shape[2]
+  vc = common.pad_axis(vh, c, axis=2).reshape(bsz, h, n, c, dv)
+  kv_local = jnp.einsum("bhnck,bhncv->bhnkv", k_end, vc)
 
   def body(state, x):
     w_n, u0_n, a_n, kv_n, d_n = x
@@ -454,7 +422,7 @@ def _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, seg_prev):
       body, s0, tuple(move(x) for x in (w, u0, a_end, kv_local, chunk_decay)))
   entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]: the state before each chunk
   u = jnp.moveaxis(u, 0, 2)  # [B, H, N, C, V]
-  o = (qc * jnp.exp(gc) * sees_state) @ entering + a_qa @ u + a_qk @ vc
+  o = qg @ entering + a_qa @ u + a_qk @ vc
   return o.reshape(bsz, h, n * c, dv)[:, :, :t], state
 
 

@@ -254,7 +254,7 @@ def _chunk_fenwick(q, k, v, g, lam, *, chunk):
   causal = i[:, None] >= i[None]
   pattern = np.minimum(_static_bit_length(i[:, None] ^ i[None]), levels - 1)
   if vector:
-    scores = decay._intra_scores_vector(qc, kc, gc)
+    scores = common.intra_scores_vector(qc, kc, gc)
   else:
     diff = jnp.where(causal, gc[..., :, None] - gc[..., None, :], -jnp.inf)
     scores = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc) * jnp.exp(diff)

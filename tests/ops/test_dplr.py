@@ -333,7 +333,6 @@ def test_intra_scores_of_several_inputs_against_dense_pairs(c):
   the dense ``sum_k x_ik y_jk exp(G_ik - G_jk)``, ``j <= i``, forward and gradient in float64,
   with sub-chunks of 8, 4 (c = 12) and 1 (c = 7), and steps down to the -inf floor."""
   from linear_attention import common
-  from linear_attention.ops import decay
   with jax.enable_x64(True):
     rng = _rng(c)
     x, y = (jnp.asarray(rng.standard_normal((2, 3, 2, c, 5))) for _ in range(2))
@@ -348,7 +347,7 @@ def test_intra_scores_of_several_inputs_against_dense_pairs(c):
 
     ct = jnp.asarray(rng.standard_normal((2, 3, 2, 2, c, c)))
     loss = lambda f: lambda *a: jnp.sum(ct * f(*a))
-    got = jax.value_and_grad(loss(decay._intra_scores), (0, 1, 2))(x, y, gc)
+    got = jax.value_and_grad(loss(common.intra_scores), (0, 1, 2))(x, y, gc)
     want = jax.value_and_grad(loss(dense), (0, 1, 2))(x, y, gc)
     assert np.all(np.isfinite(np.asarray(got[0])))
     helpers.assert_tree_close(got, want, 1e-10, 1e-10, f"c={c}")
