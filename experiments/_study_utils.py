@@ -64,8 +64,18 @@ def environment(shared_machine: bool | None = None) -> dict:
     env["git_commit"] = None
   if shared_machine is not None:
     env["shared_machine"] = shared_machine
-  env["command"] = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+  env["command"] = " ".join([os.path.basename(sys.argv[0])] + [_portable_arg(a) for a in sys.argv[1:]])
   return env
+
+
+def _portable_arg(arg: str) -> str:
+  """A command-line argument (``--out=PATH`` or ``PATH``) with its path as
+  :func:`relative_path` stores it: results are committed, the machine's paths mean nothing
+  elsewhere."""
+  flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+  if not eq:
+    flag, value = "", arg
+  return flag + eq + relative_path(value)
 
 
 def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:

@@ -102,7 +102,11 @@ def test_results_carry_no_machine_paths():
   assert su.relative_path("/elsewhere/runs/studies/mqar/000") == "runs/studies/mqar/000"
   assert su.portable({"a": ["/x/runs/b", "not /a path"], "n": 3}) == \
       {"a": ["runs/b", "not /a path"], "n": 3}
-  pattern = re.compile(r'"/(?:work|home|tmp|root|Users|private|mnt|scratch)/')
+  assert su._portable_arg(os.path.join(root, "results", "x")) == os.path.join("results", "x")
+  assert su._portable_arg("--out=" + os.path.join(root, "r")) == "--out=r"
+  assert su._portable_arg("3e-3") == "3e-3"
+  # Quoted or inside a recorded command line (``--runs /work/...``).
+  pattern = re.compile(r'["= ]/(?:work|home|tmp|root|Users|private|mnt|scratch)/')
   files = glob.glob(os.path.join(root, "results", "studies", "**", "*.json"), recursive=True)
   files += glob.glob(os.path.join(root, "notebooks", "*.ipynb"))
   assert files
