@@ -4,8 +4,8 @@ gives the unsharded model's loss and gradients, and the trainer's steps.
 The checks that need 4 devices run in one subprocess (``XLA_FLAGS=
 --xla_force_host_platform_device_count=4``), bounded by a timeout:
 
-- a tiny language model with one block of every context-parallel mixer (a hybrid
-  pattern; Based and ReBased, the ``linear`` twin with other feature maps, left out) and
+- a tiny language model with one block of several context-parallel mixers (a hybrid
+  pattern; every one of them is checked in ``tests/nn/test_context_parallel_model.py``) and
   ``short_conv=3`` (Mamba-2 has its own, width 4): loss and parameter gradients with
   ``("data", "seq")`` meshes ``(1, 4)`` and ``(2, 2)`` against the same model without a
   mesh. Tolerance: float32 reduction order, ``rtol=atol=2e-4`` on the loss and on every
@@ -42,17 +42,14 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
     from flax import nnx
     from linear_attention import models, train
-    from linear_attention.nn import context_parallel as cp, registry
+    from linear_attention.nn import registry
     from tests.train.fake_data import FakeDataset, fake_config
     assert jax.device_count() == 4, jax.devices()
     t0 = time.time()
     TOL = dict(rtol=2e-4, atol=2e-4)
 
-    # ---- one block of every context-parallel mixer, short convolutions on
-    # Based and ReBased are kernelized linear attention (the "linear" twin) with other
-    # feature maps: left out to keep the compile short.
-    names = [n for n in cp.supported_mixers() if n not in ("based", "rebased")]
-    assert names == ["softmax", "linear", "performer", "retnet", "gla", "hgrn2", "mamba2"], names
+    # ---- one block of several context-parallel mixers, short convolutions on
+    names = ["softmax", "linear", "performer", "retnet", "gla", "hgrn2", "mamba2"]
     kwargs = {}
     for n in names:
       kwargs[n] = dict(registry.spec(n).tiny)
@@ -126,14 +123,14 @@ SCRIPT = textwrap.dedent("""
 
     # ---- a layer that cannot run sharded says so, naming itself
     mesh = jax.make_mesh((1, 4), ("data", "seq"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    layer = registry.make_mixer("deltanet", 16, 2, rngs=nnx.Rngs(0))
+    layer = registry.make_mixer("longformer", 16, 2, rngs=nnx.Rngs(0))
     with jax.set_mesh(mesh):
       try:
         layer(jnp.ones((1, 16, 16)))
       except ValueError as e:
-        assert "mixer DeltaNet cannot run with the sequence sharded" in str(e), e
+        assert "mixer LongformerAttention cannot run with the sequence sharded" in str(e), e
       else:
-        raise AssertionError("DeltaNet ran with the sequence sharded")
+        raise AssertionError("Longformer ran with the sequence sharded")
 
     # ---- the trainer: mesh.seq=2 equals mesh.seq=1
     def run(seq):
@@ -165,7 +162,8 @@ SCRIPT = textwrap.dedent("""
         assert match in str(e), (match, str(e))
       else:
         raise AssertionError(f"not refused: {match}")
-    refused("mixer(s) ['deltanet'] cannot run that way", mixer="deltanet", seq=2)
+    refused("mixer(s) ['loglinear_mamba2'] cannot run that way", mixer="loglinear_mamba2",
+            seq=2)
     refused("config.mesh.seq=4 must divide the sequence length T=18",
             dataset=FakeDataset(seq_len=18), seq=4)
     refused("config.mesh.seq=3 must divide the device count 4", data=-1, seq=3)
