@@ -152,7 +152,7 @@ def check_context(context) -> None:
 
 
 def axis_index(axis_name: str) -> Array:
-  """This device's index along ``axis_name``; a ``ValueError`` outside a ``shard_map`` binding it."""
+  """This device's index along ``axis_name``; a ``ValueError`` outside a ``shard_map`` over it."""
   try:
     return lax.axis_index(axis_name)
   except NameError as e:
@@ -221,3 +221,99 @@ def replicate(x: Array, axis_name: str) -> Array:
   """A value every device of ``axis_name`` computed alike, typed invariant along the axis
   (one ``psum`` of device 0's copy), as a replicated ``out_specs`` requires."""
   return lax.psum(jnp.where(axis_index(axis_name) == 0, x, jnp.zeros_like(x)), axis_name)
+
+
+# ------------------------------------------------- engines whose transition is a matrix
+
+
+def affine_call(fn: Callable, context: SeqContext, arrays: dict, *, initial_state, segment_ids,
+                return_state: bool, static: tuple):
+  """Runs ``fn`` with the sequence split over ``context``, for a recurrence affine in its
+  state, ``S_t = A_t S_{t-1} + k_t v_t^T`` with any ``[K, K]`` transition ``A_t`` (the
+  delta rule, DPLR).
+
+  The algorithm (one pass per device, then one small fold):
+
+  1. each device runs ``fn`` on its slice once, from the initial state ``[I | 0]``
+     (``K x (K + V)``) with the values ``[0 | v]``: the state columns then carry the
+     slice's transition ``M_t = A_t ... A_1`` next to its zero-state state ``R_t``, and
+     the output columns carry ``scale M_t^T q_t`` next to the zero-state output;
+  2. ``all_gather`` of every device's final ``[M | R]`` (``P`` states of
+     ``K x (K + V)``) and a loop over the ``P`` devices folds them into the state
+     entering this device, ``S_in <- M_j S_in + R_j`` (a segment starting on an edge
+     stops it; segments inside a slice zero ``M`` by themselves);
+  3. ``o_t = o_zero_t + (scale M_t^T q_t)^T S_in``: one ``[T, K] x [K, V]`` matmul.
+
+  The cost is one pass with ``K + V`` value columns instead of ``V`` (the state-free
+  parts of a chunk form, such as the delta rule's UT transform, do not grow) plus the
+  fold; autodiff gives the gradients, the initial state's included.
+
+  Args:
+    fn: the engine, ``fn(**arrays, initial_state=, segment_ids=, return_state=True,
+      **dict(static)) -> (o, state)``; a module-level function (it is a ``jit`` static).
+    context: where to run; ``context.check`` already passed.
+    arrays: name -> ``[B, T, ...]`` floating array or None; ``q`` ``[B, T, H, K]`` and
+      ``v`` ``[..., V]`` (values on the last axis) among them.
+    initial_state: ``[B, H, K, V]`` or None; segment_ids: ``[B, T]`` or None.
+    return_state: also return the final state.
+    static: ``fn``'s other keyword arguments as a tuple of ``(name, value)`` pairs.
+
+  Returns:
+    ``o`` ``[B, T, H, V]`` in the accumulation dtype, or ``(o, state)``.
+  """
+  run = _affine if context.is_local else _affine_jit
+  return run(fn, context, arrays, initial_state, segment_ids, return_state=return_state,
+             static=static)
+
+
+def _affine(fn, context, arrays, initial_state, segment_ids, *, return_state, static):
+  names = tuple(arrays)
+  named = {n: (x, context.seq_spec) for n, x in arrays.items()}
+  named["initial_state"] = (initial_state, context.row_spec)
+  named["segment_ids"] = (segment_ids, context.seq_spec)
+
+  def body(initial_state=None, segment_ids=None, **present):
+    return _affine_local(fn, {n: present.get(n) for n in names}, initial_state, segment_ids,
+                         axis_name=context.axis_name, return_state=return_state,
+                         static=dict(static))
+
+  out = (context.seq_spec, context.row_spec) if return_state else context.seq_spec
+  return context.shard(body, named, out)
+
+
+_affine_jit = jax.jit(_affine, static_argnums=(0, 1), static_argnames=("return_state", "static"))
+
+
+def varying_zero(*arrays, dtype) -> Array:
+  """A scalar zero that varies over the mesh axes of every given array (None skipped).
+
+  Added to a constant (an initial state), it gives the constant the type a scan carry
+  built from those arrays has under ``shard_map``'s ``check_vma``.
+  """
+  return sum((jnp.zeros_like(x.reshape(-1)[0], dtype) for x in arrays if x is not None),
+             jnp.zeros((), dtype))
+
+
+def _affine_local(fn, arrays, s0, segment_ids, *, axis_name, return_state, static):
+  """:func:`affine_call`'s per-device body on this device's slices."""
+  q, v = arrays["q"], arrays["v"]
+  acc = common.acc_dtype(q.dtype)
+  arrays = {n: None if x is None else x.astype(acc) for n, x in arrays.items()}
+  b, _, h, dk = q.shape
+  dv = v.shape[-1]
+  zero = varying_zero(*arrays.values(), segment_ids, dtype=acc)
+  arrays["v"] = jnp.concatenate([jnp.zeros(v.shape[:-1] + (dk,), acc), arrays["v"]], axis=-1)
+  eye = jnp.broadcast_to(jnp.eye(dk, dtype=acc), (b, h, dk, dk))
+  init = jnp.concatenate([eye, jnp.zeros((b, h, dk, dv), acc)], axis=-1) + zero
+  o, state = fn(**arrays, initial_state=init, segment_ids=segment_ids, return_state=True,
+                **static)
+  o, state = o.astype(acc), state.astype(acc)
+
+  cont = None
+  if segment_ids is not None:
+    cont, _, _ = device_segments(segment_ids, axis_name, acc)
+  ends = lax.all_gather(state, axis_name)  # [n, B, H, K, K + V]
+  s_in, s_end = fold_affine(lambda m, s: jnp.einsum("bhkj,bhjv->bhkv", m, s),
+                            ends[..., :dk], ends[..., dk:], s0, cont, axis_name)
+  o = o[..., dk:] + jnp.einsum("bthk,bhkv->bthv", o[..., :dk], s_in)
+  return (o, replicate(s_end, axis_name)) if return_state else o

@@ -66,6 +66,8 @@ from jax import lax
 from linear_attention.kernels import chunk_delta as kernel
 from linear_attention.kernels import dispatch
 from linear_attention import common
+from linear_attention.ops import context as context_lib
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -92,6 +94,7 @@ def delta_rule(
     return_state: bool = False,
     segment_ids: Array | None = None,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """The (gated) delta rule over a sequence.
 
@@ -128,6 +131,12 @@ def delta_rule(
       float32/bfloat16/float16 or a ``chunk_size`` the platform cannot tile (a
       power of two >= 16 on GPU, a multiple of 16 on TPU) makes ``"pallas"``
       raise a ``ValueError``.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext` to run
+      with the sequence split over a mesh axis: each device runs ``form`` once on
+      its slice with ``K`` extra value columns that carry its transition, and the
+      transitions are folded across devices
+      (:func:`~linear_attention.ops.context.affine_call`); the same result up to
+      rounding.
 
   Returns:
     ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``
@@ -136,8 +145,17 @@ def delta_rule(
   Gates, ``beta`` and ``initial_state`` may be in any floating dtype; all work
   is done in ``promote_types(q.dtype, float32)``.
   """
-  _, t, _, dk, _ = _check_inputs(
+  context_lib.check_context(context)
+  b, t, _, dk, _ = _check_inputs(
       q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids)
+  if context is not None:
+    context.check(b, t)
+    out = context_lib.affine_call(
+        delta_rule, context, dict(q=q, k=k, v=v, beta=beta, log_decay=log_decay),
+        initial_state=initial_state, segment_ids=segment_ids, return_state=return_state,
+        static=(("scale", common.resolve_scale(scale, dk)), ("form", form),
+                ("chunk_size", chunk_size), ("implementation", implementation)))
+    return (out[0].astype(q.dtype), out[1]) if return_state else out.astype(q.dtype)
   unsupported = kernel.unsupported_arguments(q, beta, log_decay, segment_ids, chunk_size)
   if form != "chunk":
     unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
@@ -332,6 +350,7 @@ def deltanet(
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """DeltaNet: ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``.
 
@@ -343,7 +362,7 @@ def deltanet(
   Args: as :func:`delta_rule` without ``log_decay``; q, k ``[B, T, H, K]``,
   v ``[B, T, H, V]``, beta ``[B, T, H]`` in ``[0, 2]`` (the paper uses a
   sigmoid, in ``(0, 1)``). Keys should be L2-normalised; ``normalize_qk=True``
-  does it here for q and k. ``implementation`` as in :func:`delta_rule`.
+  does it here for q and k. ``implementation`` and ``context`` as in :func:`delta_rule`.
 
   Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.
   """
@@ -351,7 +370,7 @@ def deltanet(
     q, k = _l2_normalize(q), _l2_normalize(k)
   return delta_rule(q, k, v, beta, None, scale=scale, form=form, chunk_size=chunk_size,
                     initial_state=initial_state, return_state=return_state,
-                    segment_ids=segment_ids, implementation=implementation)
+                    segment_ids=segment_ids, implementation=implementation, context=context)
 
 
 def deltanet_step(
@@ -390,6 +409,7 @@ def gated_deltanet(
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """Gated DeltaNet: ``S_t = exp(log_decay_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``.
 
@@ -400,8 +420,8 @@ def gated_deltanet(
   beta ``[B, T, H]`` in ``[0, 2]``, log_decay ``[B, T, H]`` values ``<= 0``
   (a scalar gate per head and step; ``-inf`` allowed; beta's range and the
   gate's sign are checked only for concrete values, not under ``jit``). Keys should be L2-normalised;
-  ``normalize_qk=True`` does it here for q and k. ``implementation`` as in
-  :func:`delta_rule`.
+  ``normalize_qk=True`` does it here for q and k. ``implementation`` and ``context``
+  as in :func:`delta_rule`.
 
   Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.
   """
@@ -411,7 +431,7 @@ def gated_deltanet(
     q, k = _l2_normalize(q), _l2_normalize(k)
   return delta_rule(q, k, v, beta, log_decay, scale=scale, form=form, chunk_size=chunk_size,
                     initial_state=initial_state, return_state=return_state,
-                    segment_ids=segment_ids, implementation=implementation)
+                    segment_ids=segment_ids, implementation=implementation, context=context)
 
 
 def gated_deltanet_step(

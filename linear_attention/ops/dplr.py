@@ -75,7 +75,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_attention import common
+from linear_attention.ops import context as context_lib
 from linear_attention.ops import delta as delta_ops
+from linear_attention.ops.context import SeqContext
 from linear_attention.ops.decay import _intra_scores_vector
 
 Array = jax.Array
@@ -153,6 +155,7 @@ def dplr_attention(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    context: SeqContext | None = None,
 ):
   """The diagonal-plus-low-rank recurrence over a sequence.
 
@@ -180,6 +183,11 @@ def dplr_attention(
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; no
       state crosses a change of id. ``initial_state`` applies to the first
       segment of each row; the returned state is that at the end of the row.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext` to run
+      with the sequence split over a mesh axis: each device runs ``form`` once on
+      its slice with ``K`` extra value columns that carry its transition, folded
+      across devices (:func:`~linear_attention.ops.context.affine_call`); the same
+      result up to rounding.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with
@@ -188,8 +196,10 @@ def dplr_attention(
   form = resolve_form(form)
   _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
                                  segment_ids)
-  o, state = _run(q, k, v, a, b, log_decay, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+  o, state = _run_in(context, q, k, v, a, b, log_decay,
+                     scale=common.resolve_scale(scale, dk), form=form,
+                     chunk_size=chunk_size, initial_state=initial_state,
+                     segment_ids=segment_ids)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
@@ -206,6 +216,26 @@ def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, se
   chunk_size = min(chunk_size, t) if form == "chunk" else 1
   return _forward(q, k, v, a, b, log_decay, initial_state, segment_ids, scale, form=form,
                   chunk_size=chunk_size)
+
+
+def _run_in(context, q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state,
+            segment_ids):
+  """:func:`_run`, or with a :class:`~linear_attention.ops.context.SeqContext` its
+  sequence-parallel form (:func:`~linear_attention.ops.context.affine_call`)."""
+  context_lib.check_context(context)
+  if context is None:
+    return _run(q, k, v, a, b, log_decay, scale=scale, form=form, chunk_size=chunk_size,
+                initial_state=initial_state, segment_ids=segment_ids)
+  context.check(*q.shape[:2])
+  return context_lib.affine_call(
+      _run_returning_state, context, dict(q=q, k=k, v=v, a=a, b=b, log_decay=log_decay),
+      initial_state=initial_state, segment_ids=segment_ids, return_state=True,
+      static=(("scale", scale), ("form", form), ("chunk_size", chunk_size)))
+
+
+def _run_returning_state(q, k, v, a, b, log_decay, *, return_state, **kwargs):
+  del return_state  # _run always returns the state
+  return _run(q, k, v, a, b, log_decay, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("form", "chunk_size"))
@@ -519,6 +549,7 @@ def rwkv7(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    context: SeqContext | None = None,
 ):
   """RWKV-7 "Goose" time mixing (Peng et al. 2025, arXiv:2503.14456) on the DPLR engine.
 
@@ -546,7 +577,7 @@ def rwkv7(
       :func:`rwkv7_bonus` after the norm.
     scale: ``1.0`` as in RWKV; ``None`` means ``K ** -0.5``.
     form, chunk_size, initial_state (``[B, H, K, V]``), return_state,
-      segment_ids: as in :func:`dplr_attention`.
+      segment_ids, context: as in :func:`dplr_attention`.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)`` with state
@@ -558,8 +589,10 @@ def rwkv7(
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   ea, eb = _rwkv7_ab(kappa, a, common.acc_dtype(r.dtype))
-  o, state = _run(r, k, v, ea, eb, log_w, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+  o, state = _run_in(context, r, k, v, ea, eb, log_w,
+                     scale=common.resolve_scale(scale, dk), form=form,
+                     chunk_size=chunk_size, initial_state=initial_state,
+                     segment_ids=segment_ids)
   if bonus is not None:
     o = o + rwkv7_bonus(r, k, v, bonus)
   o = o.astype(r.dtype)
@@ -612,6 +645,7 @@ def kda(
     return_state: bool = False,
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
+    context: SeqContext | None = None,
 ):
   """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear"): the gated delta rule with a
   per-channel decay.
@@ -626,7 +660,7 @@ def kda(
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
     log_alpha: ``[B, T, H, K]`` per-channel log decay ``<= 0``, ``-inf``
       included (checked when concrete).
-    scale, form, chunk_size, initial_state, return_state, segment_ids: as in
+    scale, form, chunk_size, initial_state, return_state, segment_ids, context: as in
       :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and ``k`` over ``K`` here.
 
@@ -642,8 +676,10 @@ def kda(
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
-  o, state = _run(q, wk, v, ea, eb, log_alpha, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+  o, state = _run_in(context, q, wk, v, ea, eb, log_alpha,
+                     scale=common.resolve_scale(scale, dk), form=form,
+                     chunk_size=chunk_size, initial_state=initial_state,
+                     segment_ids=segment_ids)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
@@ -714,6 +750,7 @@ def gated_deltaproduct(
     return_state: bool = False,
     segment_ids: Array | None = None,
     normalize_qk: bool = False,
+    context: SeqContext | None = None,
 ):
   """Gated DeltaProduct (Siems et al. 2025, "DeltaProduct"): ``R`` delta-rule
   (Householder-like) steps per token after one scalar gate.
@@ -730,7 +767,7 @@ def gated_deltaproduct(
     beta: ``[B, T, H, R]`` in ``[0, 2]`` (checked when concrete).
     log_decay: None or ``[B, T, H]`` (one gate per head and token), ``<= 0``.
     scale, form, chunk_size (tokens; ``R`` sub-steps each), initial_state,
-      return_state, segment_ids: as in :func:`dplr_attention`.
+      return_state, segment_ids, context: as in :func:`dplr_attention`.
     normalize_qk: L2-normalise ``q`` and every ``k`` over ``K`` here.
 
   Returns:
@@ -747,8 +784,10 @@ def gated_deltaproduct(
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))
-  o, state = _run(q, wk, v, ea, eb, log_decay, scale=common.resolve_scale(scale, dk), form=form,
-                  chunk_size=chunk_size, initial_state=initial_state, segment_ids=segment_ids)
+  o, state = _run_in(context, q, wk, v, ea, eb, log_decay,
+                     scale=common.resolve_scale(scale, dk), form=form,
+                     chunk_size=chunk_size, initial_state=initial_state,
+                     segment_ids=segment_ids)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 

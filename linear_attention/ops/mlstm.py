@@ -41,7 +41,9 @@ import numpy as np
 from jax import lax
 
 from linear_attention import common
+from linear_attention.ops import context as context_lib
 from linear_attention.ops import decay
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -140,7 +142,7 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
           forget_gate: str = "sigmoid", scale: float | None = None, form: str = "chunk",
           chunk_size: int = 64, initial_state: tuple[Array, Array, Array] | None = None,
           return_state: bool = False, segment_ids: Array | None = None,
-          implementation: str | None = None):
+          implementation: str | None = None, context: SeqContext | None = None):
   """The mLSTM cell of xLSTM, stabilised, over a sequence (see the module doc).
 
   Args:
@@ -162,6 +164,11 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
       the id changes (``initial_state`` reaches the first segment of each row).
     implementation: the engine's kernel choice for the chunk form (see
       :func:`~linear_attention.ops.decay.decay_linear_attention`).
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis. The stabiliser ``m`` (a max-plus scan over
+      the ``[B, T, H]`` gates) runs on the global arrays, the matrix memory on the
+      engine's context (every form, ``"recurrent"`` as the engine's). Global
+      arrays only (not inside ``jax.shard_map``).
 
   Returns:
     ``h`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(h, (C, n, m))`` with
@@ -170,6 +177,11 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   _check_gates(i_gate, f_gate, (b, t, h), forget_gate)
   common.check_sequence_args(form, chunk_size, segment_ids, b, t)
+  context_lib.check_context(context)
+  if context is not None and context.is_local:
+    raise ValueError("context: mlstm's stabiliser is a running maximum over the whole "
+                     "sequence; call it on the global arrays (outside jax.shard_map over "
+                     f"{context.axis_name!r}).")
   if initial_state is not None:
     _check_state("initial_state", initial_state, b, h, dk, dv, step=False)
   scale = common.resolve_scale(scale, dk)
@@ -181,21 +193,22 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
     s0 = tuple(x.astype(acc) for x in initial_state)
   starts = (jnp.zeros((b, t), bool) if segment_ids is None
             else common.segment_starts(segment_ids))
-  if form == "recurrent":
+  if form == "recurrent" and context is None:
     o, state = _recurrent(q, k, v, i_gate, f_gate, s0, starts, forget_gate=forget_gate,
                           scale=scale)
   else:
     o, state = _on_engine(q, k, v, i_gate, f_gate, s0, starts, segment_ids,
                           forget_gate=forget_gate, scale=scale, form=form,
-                          chunk_size=chunk_size, implementation=implementation)
+                          chunk_size=chunk_size, implementation=implementation,
+                          context=context)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
 
 @functools.partial(jax.jit, static_argnames=("forget_gate", "scale", "form", "chunk_size",
-                                             "implementation"))
+                                             "implementation", "context"))
 def _on_engine(q, k, v, i_gate, f_gate, s0, starts, segment_ids, *, forget_gate, scale, form,
-               chunk_size, implementation):
+               chunk_size, implementation, context):
   acc = s0[0].dtype
   log_i, log_f = _log_gates(i_gate, f_gate, forget_gate, acc)
   m, m_prev = _stabiliser(log_i, log_f, s0[2], starts)
@@ -206,7 +219,7 @@ def _on_engine(q, k, v, i_gate, f_gate, s0, starts, segment_ids, *, forget_gate,
   o, state = decay.decay_linear_attention(
       q.astype(acc), k_in, v_aug, log_decay, scale=scale, form=form, chunk_size=chunk_size,
       initial_state=init, return_state=True, segment_ids=segment_ids,
-      implementation=implementation)
+      implementation=implementation, context=context)
   h = _read(o[..., :-1], o[..., -1], m)
   return h, (state[..., :-1], state[..., -1], m[:, -1])
 

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention import common
+from linear_attention.ops import context as context_lib
+from linear_attention.ops.context import SeqContext
 from linear_attention.ops import scan as scan_lib
 
 Array = jax.Array
@@ -77,6 +79,7 @@ def rg_lru(
     chunk_size: int = 64,
     segment_ids: Array | None = None,
     return_state: bool = False,
+    context: SeqContext | None = None,
 ):
   """The RG-LRU over a sequence.
 
@@ -92,6 +95,10 @@ def rg_lru(
     chunk_size: chunk length of the chunk form.
     segment_ids: optional ``[B, T]`` ints; each new segment starts a document.
     return_state: also return the final state.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis (the scan engine's context). Global arrays
+      only: the first token of each document is normalised, which a device's
+      slice cannot tell on its own.
 
   Returns:
     ``h`` ``[B, T, D]`` in the dtype of ``x``, or ``(h, state)`` with ``state``
@@ -105,6 +112,10 @@ def rg_lru(
     common.check_shape("h0", h0, (bsz, d), "[B, D]")
     common.check_float("h0", h0)
   common.check_segment_ids(segment_ids, bsz, t)
+  context_lib.check_context(context)
+  if context is not None and context.is_local:
+    raise ValueError("context: rg_lru needs the global arrays (where documents start); call "
+                     f"it outside jax.shard_map over {context.axis_name!r}.")
   acc = jnp.promote_types(x.dtype, jnp.float32)
   log_a, mult, gated = _gates(x, gate_r, gate_i, log_lambda_param, c, acc)
 
@@ -117,7 +128,7 @@ def rg_lru(
   # matters with h0, which then continues a document, so starts need no a = 0.
   h = scan_lib.linear_scan(
       jnp.exp(log_a), (mult * gated).astype(acc), h0=h0, form=form, chunk_size=chunk_size,
-      segment_ids=segment_ids, return_state=return_state)
+      segment_ids=segment_ids, return_state=return_state, context=context)
   if return_state:
     h, state = h
     return h.astype(x.dtype), state

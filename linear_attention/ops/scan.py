@@ -18,6 +18,12 @@ Forms (all agree; the tests prove it):
   ``lax.scan`` over chunk ends carries the state between chunks and each chunk
   adds ``(prod of a so far) * entering state``. Memory ``O(T)``, sequential
   depth ``C + T / C``.
+
+With ``context=`` (a :class:`~linear_attention.ops.context.SeqContext`) the
+sequence is split over a mesh axis and the same idea runs across devices: each
+device scans its slice from a zero state (any form), the per-device pairs
+``(prod of a, h at the end)`` are gathered and folded (``P`` elementwise steps),
+and each device adds ``(prod of a so far) * entering state``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from jax import lax
 from linear_attention.kernels import dispatch
 from linear_attention.kernels import scan as kernel
 from linear_attention import common
+from linear_attention.ops import context as context_lib
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -55,6 +63,7 @@ def linear_scan(
     segment_ids: Array | None = None,
     return_state: bool = False,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """``h_t = a_t * h_{t-1} + b_t`` along axis 1, elementwise over the rest.
 
@@ -77,12 +86,17 @@ def linear_scan(
       interpret mode: exact but slow). The kernel replaces ``form="chunk"``
       (``chunk_size`` is then unused); with another form or complex/float64
       inputs, ``"pallas"`` raises a ``ValueError``.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext` to run
+      with the sequence split over a mesh axis (see the module docstring); the
+      same result up to rounding. ``reverse`` then flips the global arrays
+      (XLA moves the slices between devices).
 
   Returns:
     ``h`` ``[B, T, ...]`` in the dtype of ``b``, or ``(h, state)`` with ``state``
     ``[B, ...]`` in float32 (complex64 for complex inputs; wider inputs keep
     their width).
   """
+  context_lib.check_context(context)
   a, b = jnp.asarray(a), jnp.asarray(b)
   _check_inexact("a", a)
   _check_inexact("b", b)
@@ -101,6 +115,10 @@ def linear_scan(
   if form != "chunk":
     unsupported["form"] = f"{form!r} (the kernel replaces the chunk form)"
   use_pallas = dispatch.resolve_implementation(implementation, unsupported)
+  if context is not None:
+    context.check(bsz, t)
+    return _placed(a, b, h0, segment_ids, context=context, form=form, chunk_size=chunk_size,
+                   reverse=reverse, return_state=return_state, implementation=implementation)
 
   out_dtype = b.dtype
   acc = common.acc_dtype(a.dtype, b.dtype, *(() if h0 is None else (h0.dtype,)))
@@ -184,3 +202,63 @@ def _chunk(a, b, h0, c):
   entering = jnp.moveaxis(entering, 0, 1)  # [B, N, ...]: the state before each chunk
   h = local + cum_a * entering[:, :, None]
   return h.reshape((bsz, n * c) + rest)[:, :t], state
+
+
+# ------------------------------------------------------------ sequence parallel
+
+
+def _placed(a, b, h0, segment_ids, *, context, form, chunk_size, reverse, return_state,
+            implementation):
+  """:func:`linear_scan` (checked) with the sequence split over ``context``."""
+  if reverse:
+    if context.is_local:
+      raise ValueError("context: reverse=True needs the global arrays (the scan runs from the "
+                       f"last device of {context.axis_name!r}); call linear_scan outside "
+                       "jax.shard_map.")
+    flip = lambda x: None if x is None else jnp.flip(x, 1)
+    out = _placed(flip(a), flip(b), h0, flip(segment_ids), context=context, form=form,
+                  chunk_size=chunk_size, reverse=False, return_state=return_state,
+                  implementation=implementation)
+    return (flip(out[0]), out[1]) if return_state else flip(out)
+  run = _sequence_parallel if context.is_local else _sequence_parallel_jit
+  out = run(a, b, h0, segment_ids, context=context, form=form, chunk_size=chunk_size,
+            return_state=return_state, implementation=implementation)
+  return (out[0].astype(b.dtype), out[1]) if return_state else out.astype(b.dtype)
+
+
+def _sequence_parallel(a, b, h0, segment_ids, *, context, form, chunk_size, return_state,
+                       implementation):
+  named = {"a": (a, context.seq_spec), "b": (b, context.seq_spec),
+           "h0": (h0, context.row_spec), "segment_ids": (segment_ids, context.seq_spec)}
+  body = functools.partial(_local, axis_name=context.axis_name, form=form,
+                           chunk_size=chunk_size, return_state=return_state,
+                           implementation=implementation)
+  out = (context.seq_spec, context.row_spec) if return_state else context.seq_spec
+  return context.shard(body, named, out)
+
+
+_sequence_parallel_jit = jax.jit(
+    _sequence_parallel, static_argnames=("context", "form", "chunk_size", "return_state",
+                                         "implementation"))
+
+
+def _local(a, b, h0=None, segment_ids=None, *, axis_name, form, chunk_size, return_state,
+           implementation):
+  """Per device: the slice from a zero state, then ``+ (prod of a so far) * entering state``."""
+  acc = common.acc_dtype(a.dtype, b.dtype, *(() if h0 is None else (h0.dtype,)))
+  a, b = a.astype(acc), b.astype(acc)
+  zero = jnp.zeros_like(b[:, 0]) + context_lib.varying_zero(a, segment_ids, dtype=acc)
+  h, end = linear_scan(a, b, h0=zero, form=form, chunk_size=chunk_size,
+                       segment_ids=segment_ids, return_state=True,
+                       implementation=implementation)
+  cont = None
+  if segment_ids is not None:  # a reset inside the slice stops the entering state there
+    starts = common.segment_starts(segment_ids)
+    a = jnp.where(starts.reshape(starts.shape + (1,) * (a.ndim - 2)), 0, a)
+    cont, _, _ = context_lib.device_segments(segment_ids, axis_name, jnp.float32)
+  cum_a = lax.associative_scan(jnp.multiply, a, axis=1)
+  s_in, s_end = context_lib.fold_affine(
+      jnp.multiply, lax.all_gather(cum_a[:, -1], axis_name), lax.all_gather(end, axis_name),
+      h0, cont, axis_name)
+  h = h.astype(acc) + cum_a * s_in[:, None]
+  return (h, context_lib.replicate(s_end, axis_name)) if return_state else h

@@ -38,7 +38,9 @@ from jax import lax
 
 from linear_attention import common
 from linear_attention.ops import decay as decay_lib
+from linear_attention.ops import context as context_lib
 from linear_attention.ops import scan as scan_lib
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -199,6 +201,7 @@ def s4d(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    context: SeqContext | None = None,
 ):
   """S4D: a diagonal complex SSM per channel, ZOH-discretised.
 
@@ -222,6 +225,9 @@ def s4d(
     initial_state: optional ``[B, D, N]`` complex state (causal only).
     return_state: also return the final state (causal only).
     segment_ids: optional ``[B, T]`` ints; no state crosses a segment boundary.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis, through the scan engine's context (the
+      fft form then runs the chunk scan, as with ``segment_ids``).
 
   Returns:
     ``y`` ``[B, T, D]`` in the dtype of ``u``, or ``(y, state)`` with ``state``
@@ -235,6 +241,11 @@ def s4d(
   common.check_choice("form", form, S4D_FORMS)
   common.check_positive_int("chunk_size", chunk_size)
   common.check_segment_ids(segment_ids, bsz, t)
+  context_lib.check_context(context)
+  if context is not None and context.is_local and bidirectional:
+    raise ValueError("context: a bidirectional S4D reads the next token's backward state "
+                     "across device edges; call it on the global arrays (outside "
+                     "jax.shard_map).")
   if bidirectional and (initial_state is not None or return_state):
     raise ValueError("initial_state and return_state need a causal S4D (bidirectional=False).")
   if initial_state is not None:
@@ -243,22 +254,22 @@ def s4d(
 
   y, state = _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids,
                        form=form, bidirectional=bidirectional, chunk_size=chunk_size,
-                       return_state=return_state)
+                       return_state=return_state, context=context)
   return (y, state) if return_state else y
 
 
 # Jitted so that eager calls compile once per configuration.
 @functools.partial(jax.jit, static_argnames=("form", "bidirectional", "chunk_size",
-                                             "return_state"))
+                                             "return_state", "context"))
 def _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids, *, form,
-              bidirectional, chunk_size, return_state):
+              bidirectional, chunk_size, return_state, context):
   bsz, t, d = u.shape
   n = A_real.shape[1]
   acc = common.acc_dtype(u.dtype, A_real.dtype)
   dtA, bbar = s4d_discretize(A_real, A_imag, B, log_dt)
   uf = u.astype(acc)
   c_fwd = (C[0] if bidirectional else C).astype(bbar.dtype)
-  if form == "fft" and segment_ids is None:
+  if form == "fft" and segment_ids is None and context is None:
     y = _fft_conv(jnp.swapaxes(uf, 1, 2), _kernel(dtA, c_fwd * bbar, t))  # [B, D, T]
     state = None
     if initial_state is not None or return_state:
@@ -282,7 +293,7 @@ def _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids, *,
     scan_form = "chunk" if form == "fft" else form
     a = jnp.broadcast_to(jnp.exp(dtA), (bsz, t, d, n))
     b = uf[..., None] * bbar
-    kw = dict(form=scan_form, chunk_size=chunk_size, segment_ids=segment_ids)
+    kw = dict(form=scan_form, chunk_size=chunk_size, segment_ids=segment_ids, context=context)
     h, state = scan_lib.linear_scan(a, b, h0=initial_state, return_state=True, **kw)
     y = 2 * jnp.einsum("btdn,dn->btd", h, c_fwd).real
     if bidirectional:
@@ -429,6 +440,7 @@ def selective_scan(
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
+    context: SeqContext | None = None,
 ):
   """Mamba-1's selective scan.
 
@@ -459,6 +471,11 @@ def selective_scan(
     initial_state: optional ``[B, D, N]``.
     return_state: also return the final state.
     segment_ids: optional ``[B, T]`` ints; the state is reset at each new segment.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis, through the context of the engine the form
+      runs on (the scan engine, or the decay engine for ``"decay"``). With a
+      context the ``"recurrent"`` form is the scan engine's, which holds the
+      ``[B, T, D, N]`` inputs of the scan (without one it keeps only the state).
 
   Returns:
     ``y`` ``[B, T, D]`` in the dtype of ``x``, or ``(y, state)`` with ``state``
@@ -477,15 +494,17 @@ def selective_scan(
     common.check_shape("initial_state", initial_state, (bsz, d, n), "[B, D, N]")
     common.check_float("initial_state", initial_state)
 
+  context_lib.check_context(context)
   y, state = _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids,
-                             dt_softplus=dt_softplus, form=form, chunk_size=chunk_size)
+                             dt_softplus=dt_softplus, form=form, chunk_size=chunk_size,
+                             context=context)
   return (y, state) if return_state else y
 
 
 # Jitted so that eager calls compile once per configuration.
-@functools.partial(jax.jit, static_argnames=("dt_softplus", "form", "chunk_size"))
+@functools.partial(jax.jit, static_argnames=("dt_softplus", "form", "chunk_size", "context"))
 def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *,
-                    dt_softplus, form, chunk_size):
+                    dt_softplus, form, chunk_size, context):
   bsz, t, d = x.shape
   n = A.shape[1]
   acc = common.acc_dtype(x.dtype, A.dtype)
@@ -494,7 +513,7 @@ def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *
   dx = delta * x.astype(acc)  # [B, T, D]
   h0 = None if initial_state is None else initial_state.astype(acc)
 
-  if form == "recurrent":
+  if form == "recurrent" and context is None:
     y, state = _selective_recurrent(delta, dx, A, B.astype(acc), C.astype(acc), h0, segment_ids,
                                     chunk_size)
   elif form == "decay":
@@ -503,13 +522,14 @@ def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *
     y, state = decay_lib.decay_linear_attention(
         cx, bx, dx[..., None], _log_a(delta, A), scale=1.0, form="chunk",
         chunk_size=chunk_size, initial_state=None if h0 is None else h0[..., None],
-        return_state=True, segment_ids=segment_ids)
+        return_state=True, segment_ids=segment_ids, context=context)
     y, state = y[..., 0], state[..., 0]
   else:
     a = jnp.exp(_log_a(delta, A))
     b = dx[..., None] * _bc(B.astype(acc), d, 3)
     h, state = scan_lib.linear_scan(a, b, h0=h0, form=form, chunk_size=chunk_size,
-                                    segment_ids=segment_ids, return_state=True)
+                                    segment_ids=segment_ids, return_state=True,
+                                    context=context)
     y = jnp.sum(h * _bc(C.astype(acc), d, 3), axis=-1)
   return _finish(y, x, D, z, acc), state
 
