@@ -1,9 +1,9 @@
 """Every context-parallel mixer of the registry, inside a model, with the sequence sharded.
 
-A tiny backbone holding one block of every mixer that ``registry.select(
-context_parallel=True)`` lists (short convolutions of width 3 in front of each, Mamba and
-Mamba-2 with their own of width 4) gives the loss and every parameter gradient of the same
-backbone without a mesh, on ``("data", "seq")`` meshes ``(1, 4)`` and ``(2, 2)`` of fake
+For every mixer that ``registry.select(context_parallel=True)`` lists, a tiny backbone
+holding one block of each mixer of its family (short convolutions of width 3 in front of
+each; Mamba, Mamba-2, Hawk and mLSTM with their own of width 4) gives the loss and every
+parameter gradient of the same backbone without a mesh, on ``("data", "seq")`` meshes ``(1, 4)`` and ``(2, 2)`` of fake
 CPU devices. The causal mixers run packed segments whose boundaries fall inside a slice and
 on a slice edge; the encoder ones (Linformer: no segments) a plain batch. ``T = 32``: 8
 tokens a device. Tolerance ``rtol = atol = 2e-4`` on the loss and on every gradient leaf
@@ -12,8 +12,10 @@ tokens a device. Tolerance ``rtol = atol = 2e-4`` on the loss and on every gradi
 Also: the refusal list of ``nn.context_parallel`` holds exactly the registry mixers that
 are not context-parallel, and a refused one raises a ``ValueError`` naming it.
 
-One subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=4``; the
-compilations run two at a time in threads (XLA compiles outside the GIL).
+One subprocess per registry family (so that a parallel runner spreads them, and no
+single compilation holds every mixer) with ``XLA_FLAGS=
+--xla_force_host_platform_device_count=4``; the compilations run two at a time in threads
+(XLA compiles outside the GIL).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from linear_attention.nn import registry
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent("""
-    import time
+    import os, time
     from concurrent.futures import ThreadPoolExecutor
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
@@ -52,7 +54,7 @@ SCRIPT = textwrap.dedent("""
           out[n].update(max_len=T)
       return out
 
-    names = registry.select(context_parallel=True)
+    names = registry.select(context_parallel=True, family=os.environ["FAMILY"])
     print("mixers:", list(names), flush=True)
     causal = [n for n in names if registry.spec(n).causal]
     encoder = [n for n in names if not registry.spec(n).causal]
@@ -101,8 +103,12 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_every_context_parallel_mixer_matches_unsharded():
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+FAMILIES = sorted({registry.spec(n).family for n in registry.select(context_parallel=True)})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_context_parallel_mixer_matches_unsharded(family):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "FAMILY": family,
          "XLA_FLAGS": "--xla_force_host_platform_device_count=4 "
                       "--xla_backend_optimization_level=0"}
   p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
