@@ -1,7 +1,8 @@
 """Scale benchmarks. Part (b): context parallelism (``config.mesh.seq``) on fake CPU devices.
 
-For one decay mixer (GLA by default; d 64, 2 layers, byte vocabulary, one row) and a range
-of sequence lengths, the trainer's own training step (``trainer.make_steps``: forward,
+For each mixer of ``--mixer`` (GLA by default, or a comma-separated list such as
+``gated_deltanet,mamba``; d 64, 2 layers, byte vocabulary, one row) and a range of sequence
+lengths, the trainer's own training step (``trainer.make_steps``: forward,
 backward, AdamW) is compiled on a ``("data", "seq")`` mesh of ``1 x seq`` devices for
 ``seq`` = 1, 2, 4. XLA's ``memory_analysis`` of the compiled step gives the plan of one
 device: temporaries + arguments + outputs (bytes; the donated state is counted in both
@@ -12,10 +13,12 @@ also timed (median of ``--steps`` after the compiling one).
 The devices are fake (``--xla_force_host_platform_device_count``): they share the host's
 cores, so step times do not speed up with ``seq``; they show the cost of the collectives
 and the per-device work, and memory is the measure. Writes ``results/bench_scale_cpu.json``
-(``--out``) and prints a table.
+(``--out``) and prints a table; rows of other mixers already in that file are kept, so runs
+of different mixers at different sizes add up in one file.
 
   python experiments/bench_scale.py                          # GLA, T = 4k .. 256k, 1 GB
-  python experiments/bench_scale.py --mixer=mamba2 --lengths=1024,4096 --budget_mb=64
+  python experiments/bench_scale.py --mixer=gated_deltanet,mamba --lengths=1024,4096 \
+      --budget_mb=64
 
 Part (a), ``--part a``: the cost of real cross-process collectives. The trainer's command
 (``python -m linear_attention.main``, the MQAR model at d 64, 2 layers, T 256, batch 16) runs
@@ -196,7 +199,7 @@ def main(argv=None) -> dict:
     return main_processes(argv)
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--part", default="b", choices=["a", "b"], help="a: processes; b: mesh.seq")
-  p.add_argument("--mixer", default="gla")
+  p.add_argument("--mixer", default="gla", help="a registry mixer or a comma-separated list")
   p.add_argument("--lengths", default="4096,16384,65536,131072,262144")
   p.add_argument("--seqs", default="1,2,4")
   p.add_argument("--budget_mb", type=float, default=1024.0)
@@ -213,14 +216,50 @@ def main(argv=None) -> dict:
   if jax.device_count() < max(seqs):
     raise SystemExit(f"error: --seqs up to {max(seqs)} needs that many devices, got "
                      f"{jax.device_count()} (XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}).")
+  out = {"benchmark": "bench_scale (b): context parallelism, fake CPU devices",
+         "memory": "XLA memory_analysis of the compiled train step, per device: temp + "
+                   "arguments + outputs (the donated state counted in both; 'alias' bytes "
+                   "of it are shared)",
+         "device": f"{jax.device_count()} fake CPU devices on {os.cpu_count()} cores "
+                   f"({platform.processor() or platform.machine()}), jax {jax.__version__}",
+         "configs": {}, "rows": [], "summary": {}}
+  out.update(_previous(args.out))
+  for mixer in args.mixer.split(","):
+    rows, summary = _part_b(mixer, lengths, seqs, args)
+    out["rows"] = [r for r in out["rows"] if r["mixer"] != mixer] + rows
+    out["configs"][mixer] = {k: v for k, v in vars(args).items() if k not in ("out", "mixer")}
+    out["summary"][mixer] = summary
+  write_json(args.out, out)
+  print(f"wrote {args.out}", flush=True)
+  return out
+
+
+def _previous(path: str) -> dict:
+  """The rows, configs and summaries of ``path`` (if it exists), keyed by mixer; the
+  one-mixer layout of earlier versions (``config``, ``summary``) is read too."""
+  import json
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    old = json.load(f)
+  if "configs" in old:
+    return {k: old[k] for k in ("configs", "rows", "summary")}
+  mixer = old["config"]["mixer"]
+  return {"configs": {mixer: {k: v for k, v in old["config"].items() if k != "mixer"}},
+          "rows": [{"mixer": mixer, **r} for r in old["rows"]],
+          "summary": {mixer: old["summary"]}}
+
+
+def _part_b(mixer: str, lengths: list[int], seqs: list[int], args) -> tuple[list, dict]:
+  """Measures ``mixer`` at every length and seq; prints the table; returns (rows, summary)."""
   rows = []
-  print(f"{args.mixer}, d {args.d_model}, {args.num_layers} layers, batch {args.batch}; "
+  print(f"{mixer}, d {args.d_model}, {args.num_layers} layers, batch {args.batch}; "
         f"budget {args.budget_mb:.0f} MiB per device", flush=True)
   print(f"{'T':>8} {'seq':>4} {'T/dev':>8} {'temp MiB':>9} {'args MiB':>9} {'out MiB':>8} "
         f"{'total MiB':>10} {'fits':>5} {'step s':>8}", flush=True)
   for t in lengths:
     for s in seqs:
-      r = measure(args.mixer, s, t, args)
+      r = {"mixer": mixer, **measure(mixer, s, t, args)}
       rows.append(r)
       m = r["memory_bytes"]
       step = "-" if r["step_s"] is None else f"{r['step_s']:.3f}"
@@ -244,17 +283,7 @@ def main(argv=None) -> dict:
         f"(all fit) memory per device relative to seq={seqs[0]}: "
         + ("-" if ratio is None else ", ".join(f"seq {s}: {v:.2f}" for s, v in ratio.items())),
         flush=True)
-  out = {"benchmark": "bench_scale (b): context parallelism, fake CPU devices",
-         "config": {k: v for k, v in vars(args).items() if k != "out"},
-         "memory": "XLA memory_analysis of the compiled train step, per device: temp + "
-                   "arguments + outputs (the donated state counted in both; 'alias' bytes "
-                   "of it are shared)",
-         "device": f"{jax.device_count()} fake CPU devices on {os.cpu_count()} cores "
-                   f"({platform.processor() or platform.machine()}), jax {jax.__version__}",
-         "rows": rows, "summary": summary}
-  write_json(args.out, out)
-  print(f"wrote {args.out}", flush=True)
-  return out
+  return rows, summary
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 """The package's imports form no cycle, and kernels sit below ops.
 
 Reads every module of ``linear_attention`` with ``ast`` (nothing is imported)
-and builds the graph of its imports of other package modules. In ``ops`` and
-``kernels`` function-level (lazy) imports count too: a lazy import hides a
-cycle, it does not remove it. Elsewhere only module-level imports count, so a
-module ``__getattr__`` that forwards a moved name (PEP 562) stays possible.
+and builds the graph of its imports of other package modules. Function-level
+(lazy) imports count as much as module-level ones, everywhere: a lazy import
+hides a cycle, it does not remove it.
 ``from a.b import c`` points at module ``a.b.c`` when that is a module, else at
 ``a.b``. The implicit import of a parent package (``a.b`` runs ``a/__init__``)
 is not an edge: ``linear_attention/__init__`` imports ``ops`` first, so a
@@ -36,27 +35,12 @@ def _is_package(name: str, modules: dict[str, pathlib.Path]) -> bool:
   return modules[name].name == "__init__.py"
 
 
-STRICT = ("linear_attention.ops", "linear_attention.kernels")  # lazy imports count too
-
-
-def _module_level(tree: ast.Module):
-  """The nodes of ``tree`` outside function bodies (module, class and if/try blocks)."""
-  todo = list(tree.body)
-  while todo:
-    node = todo.pop()
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-      continue
-    yield node
-    todo.extend(ast.iter_child_nodes(node))
-
-
 def _imports(name: str, modules: dict[str, pathlib.Path]) -> set[str]:
-  """Package modules that ``name`` imports (anywhere in its body in :data:`STRICT`)."""
+  """Package modules that ``name`` imports, anywhere in its body."""
   tree = ast.parse(modules[name].read_text(), filename=str(modules[name]))
   here = name if _is_package(name, modules) else name.rpartition(".")[0]
   out = set()
-  nodes = ast.walk(tree) if name.startswith(STRICT) else _module_level(tree)
-  for node in nodes:
+  for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       targets = [a.name for a in node.names]
     elif isinstance(node, ast.ImportFrom):

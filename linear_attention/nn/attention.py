@@ -73,9 +73,9 @@ class SoftmaxAttention(mixer.Mixer):
     return q, k, v
 
   def _attend(self, q, k, v, segment_ids):
-    return cp.op(softmax_ops.softmax_attention)(
+    return softmax_ops.softmax_attention(
         q, k, v, causal=self.causal, segment_ids=segment_ids,
-        implementation=self.implementation)
+        implementation=self.implementation, context=cp.context())
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``; ``segment_ids [B, T]`` packs sequences."""
@@ -158,8 +158,11 @@ class ForgettingAttention(SoftmaxAttention):
   position embedding). The KV cache also stores each token's cumulative log
   forget (``"log_forget" [B, L, H]``) and the running sum (``"total" [B, H]``),
   both float32. This is the basic FoX layer (no output gate, QK-norm or
-  key/value shift of the "Pro" block).
+  key/value shift of the "Pro" block). With the sequence sharded it runs all-gather
+  attention, each device's ``D`` offset by the gates of the devices before it.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                head_dim: int | None = None, use_rope: bool = False,
@@ -184,7 +187,8 @@ class ForgettingAttention(SoftmaxAttention):
     q, k, v = self._qkv(x, modules.positions_of(b, t, segment_ids))
     o = softmax_ops.forgetting_attention(
         q, modules.repeat_kv(k, self.groups), modules.repeat_kv(v, self.groups), self._log_fgate(x),
-        segment_ids=segment_ids, algorithm=self.algorithm, block_size=self.block_size)
+        segment_ids=segment_ids, algorithm=self.algorithm, block_size=self.block_size,
+        context=cp.context())
     return self.o_proj(modules.merge_heads(o.astype(x.dtype)))
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -209,8 +213,11 @@ class LocalAttention(SoftmaxAttention):
   Query ``i`` sees keys ``i - window + 1 .. i``. Decoding keeps a rolling cache
   of ``min(window, max_len)`` tokens (slot ``t % window``), so memory stays
   ``O(window)`` however long the generation. ``num_kv_heads=1`` gives Griffin's
-  multi-query attention.
+  multi-query attention. With the sequence sharded each device gets the ``window - 1``
+  keys and values before its slice from the previous one (the window must fit in a slice).
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, window: int = 64,
                num_kv_heads: int | None = None, head_dim: int | None = None,
@@ -228,7 +235,7 @@ class LocalAttention(SoftmaxAttention):
   def _attend(self, q, k, v, segment_ids):
     return sparse_ops.sliding_window_attention(q, k, v, window=self.window, causal=self.causal,
                                                segment_ids=segment_ids,
-                                               block_size=self.block_size)
+                                               block_size=self.block_size, context=cp.context())
 
   def _cache_len(self, max_len: int) -> int:
     return min(self.window, max_len)
@@ -306,8 +313,12 @@ class LinformerAttention(SoftmaxAttention):
 
   ``E, F`` are ``[proj_len, max_len]`` parameters; a sequence of length ``T <=
   max_len`` uses their first ``T`` columns. Bidirectional only (the op cannot
-  be causal) and no ``segment_ids``.
+  be causal) and no ``segment_ids``. With the sequence sharded the projections over
+  ``T`` are matmuls that XLA's partitioner splits (each device projects its slice, one
+  ``psum`` of the ``[proj_len, ...]`` results): nothing is gathered.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, max_len: int = 512, proj_len: int = 64,
                head_dim: int | None = None, use_rope: bool = False, rngs: nnx.Rngs,

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 from linear_attention.ops import delta as delta_ops
 from linear_attention.ops import dplr as dplr_ops
@@ -30,6 +31,8 @@ class DeltaNet(mixer.Mixer):
   ``o = W_o(RMSNorm(deltanet(q, k, v, beta)) * swish(W_g x))`` (the output gate
   with ``use_gate``, else just the norm).
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, conv_width: int = 4,
                use_short_conv: bool = True, use_gate: bool = True, allow_neg_eigval: bool = False,
@@ -94,7 +97,8 @@ class DeltaNet(mixer.Mixer):
   def _mix(self, q, k, v, beta, x, segment_ids):
     """The op over the sequence: ``[B, T, H, *]`` in, ``o [B, T, H, Dh]`` out."""
     g = self._log_decay(x)
-    kw = dict(chunk_size=self.chunk_size, segment_ids=segment_ids, normalize_qk=True)
+    kw = dict(chunk_size=self.chunk_size, segment_ids=segment_ids, normalize_qk=True,
+              context=cp.context())
     if g is None:
       return delta_ops.deltanet(q, k, v, beta, **kw)
     return delta_ops.gated_deltanet(q, k, v, beta, g, **kw)
@@ -132,6 +136,8 @@ class GatedDeltaNet(DeltaNet):
   ``softplus(dt_bias)`` log-uniform in ``[dt_min, dt_max]`` (floored at
   ``dt_init_floor``) at init, as Mamba-2.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, conv_width: int = 4,
                use_short_conv: bool = True, use_gate: bool = True, allow_neg_eigval: bool = False,
@@ -181,6 +187,8 @@ class KimiDeltaAttention(DeltaNet):
   ``W_o(RMSNorm(o) * sigmoid(G_up G_down x))`` (a low-rank output gate).
   """
 
+  context_parallel = True
+
   def __init__(self, d_model: int, num_heads: int, *, conv_width: int = 4,
                use_short_conv: bool = True, allow_neg_eigval: bool = False,
                gate_low_rank: int | None = None, dt_min: float = 1e-3, dt_max: float = 1e-1,
@@ -214,7 +222,7 @@ class KimiDeltaAttention(DeltaNet):
 
   def _mix(self, q, k, v, beta, x, segment_ids):
     return dplr_ops.kda(q, k, v, beta, self._log_decay(x), chunk_size=self.chunk_size,
-                        segment_ids=segment_ids, normalize_qk=True)
+                        segment_ids=segment_ids, normalize_qk=True, context=cp.context())
 
   def _mix_step(self, q, k, v, beta, x, state):
     return dplr_ops.kda_step(q, k, v, beta, self._log_decay(x), state, normalize_qk=True)
@@ -228,6 +236,8 @@ class GatedDeltaProduct(DeltaNet):
   The projection gives ``q`` and ``n`` keys and values per token (``(1 + 2 n) D``
   columns) and ``n`` betas per head; the output is DeltaNet's.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, num_householder: int = 2,
                use_forget_gate: bool = True, conv_width: int = 4, use_short_conv: bool = True,
@@ -255,7 +265,7 @@ class GatedDeltaProduct(DeltaNet):
       k, v, beta = k[..., None, :], v[..., None, :], beta[..., None]
     return dplr_ops.gated_deltaproduct(q, k, v, beta, self._log_decay(x),
                                        chunk_size=self.chunk_size, segment_ids=segment_ids,
-                                       normalize_qk=True)
+                                       normalize_qk=True, context=cp.context())
 
   def _mix_step(self, q, k, v, beta, x, state):
     if self.steps == 1:
@@ -276,6 +286,8 @@ class RWKV7TimeMix(mixer.Mixer):
   ``g = sigmoid(x_g G1) G2``. The value residual across layers (``v_first``)
   is left out: a mixer sees only its own input.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, decay_low_rank: int = 64,
                a_low_rank: int = 64, gate_low_rank: int = 128, chunk_size: int = 64,
@@ -340,7 +352,7 @@ class RWKV7TimeMix(mixer.Mixer):
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     r, k, v, log_w, kappa, a, g = self._inputs(x, modules.token_shift(x, segment_ids))
     o = dplr_ops.rwkv7(r, k, v, log_w, kappa, a, chunk_size=self.chunk_size,
-                       segment_ids=segment_ids)
+                       segment_ids=segment_ids, context=cp.context())
     return self._out(o, r, k, v, g, x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:

@@ -68,7 +68,8 @@ class GatedLinearAttention(mixer.Mixer):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     q, k, v, log_g = self._inputs(x)
-    o = cp.op(gated_ops.gla)(q, k, v, log_g, chunk_size=self.chunk_size, segment_ids=segment_ids)
+    o = gated_ops.gla(q, k, v, log_g, chunk_size=self.chunk_size, segment_ids=segment_ids,
+                      context=cp.context())
     return self._out(o, x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -126,7 +127,8 @@ class MultiScaleRetention(mixer.Mixer):
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     b, t, _ = x.shape
     q, k, v = self._inputs(x, modules.positions_of(b, t, segment_ids))
-    o = cp.op(gated_ops.retention)(q, k, v, chunk_size=self.chunk_size, segment_ids=segment_ids)
+    o = gated_ops.retention(q, k, v, chunk_size=self.chunk_size, segment_ids=segment_ids,
+                            context=cp.context())
     return self._out(o, x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -187,7 +189,8 @@ class HGRN2(mixer.Mixer):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     q, log_f, v = self._inputs(x)
-    o = cp.op(gated_ops.hgrn2)(q, log_f, v, chunk_size=self.chunk_size, segment_ids=segment_ids)
+    o = gated_ops.hgrn2(q, log_f, v, chunk_size=self.chunk_size, segment_ids=segment_ids,
+                        context=cp.context())
     return self._out(o, x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -211,6 +214,8 @@ class RWKV6TimeMix(mixer.Mixer):
   current token enters through the bonus ``u``. Output:
   ``W_o(GroupNorm(rwkv6(r, k, v, log_w, u)) * swish(W_g x_g))``.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, mix_low_rank: int = 32,
                decay_low_rank: int = 64, chunk_size: int = 64, norm_eps: float = 64e-5,
@@ -266,7 +271,8 @@ class RWKV6TimeMix(mixer.Mixer):
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     r, k, v, log_w, g = self._inputs(x, modules.token_shift(x, segment_ids))
     o = gated_ops.rwkv6(r, k, v, log_w, self.bonus[...].astype(jnp.float32),
-                        chunk_size=self.chunk_size, segment_ids=segment_ids)
+                        chunk_size=self.chunk_size, segment_ids=segment_ids,
+                        context=cp.context())
     return self._out(o, g, x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -360,8 +366,8 @@ class Mamba2(mixer.Mixer):
     z, xbc, dt = self._split(self.in_proj(x))
     xs, b, c = self._ssd_args(self.conv(xbc, segment_ids))
     a, d, dt_bias = self._params()
-    y = cp.op(gated_ops.ssd)(xs, dt.astype(jnp.float32), a, b, c, d, dt_bias=dt_bias,
-                      dt_softplus=True, chunk_size=self.chunk_size, segment_ids=segment_ids)
+    y = gated_ops.ssd(xs, dt.astype(jnp.float32), a, b, c, d, dt_bias=dt_bias, dt_softplus=True,
+                      chunk_size=self.chunk_size, segment_ids=segment_ids, context=cp.context())
     return self._out(y, z)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:

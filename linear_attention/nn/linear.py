@@ -86,9 +86,10 @@ class LinearAttention(mixer.Mixer):
                  for p in (self.q_proj, self.k_proj, self.v_proj))
 
   def _attend(self, q, k, v, segment_ids):
-    return cp.op(linear_ops.linear_attention)(
+    return linear_ops.linear_attention(
         q, k, v, feature_map=self.feature_map, causal=self.causal, normalize=self.normalize,
-        projection=self._proj(), chunk_size=self.chunk_size, segment_ids=segment_ids)
+        projection=self._proj(), chunk_size=self.chunk_size, segment_ids=segment_ids,
+        context=cp.context())
 
   def _step(self, q, k, v, state):
     return linear_ops.linear_attention_step(
@@ -165,9 +166,9 @@ class ReBased(LinearAttention):
     self.beta = nnx.Param(jnp.zeros((feature_dim,), param_dtype))
 
   def _attend(self, q, k, v, segment_ids):
-    return cp.op(linear_ops.rebased_attention)(
+    return linear_ops.rebased_attention(
         q, k, v, self.gamma[...], self.beta[...], causal=self.causal,
-        chunk_size=self.chunk_size, segment_ids=segment_ids)
+        chunk_size=self.chunk_size, segment_ids=segment_ids, context=cp.context())
 
   def _step(self, q, k, v, state):
     return linear_ops.rebased_attention_step(q, k, v, state, self.gamma[...], self.beta[...])

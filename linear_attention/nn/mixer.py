@@ -76,7 +76,7 @@ def _checked_call(call):
   @functools.wraps(call)
   def wrapper(self, x, *args, **kwargs):
     check_features("x", x, self.d_model, 3, "[batch, seq, d_model]")
-    context_parallel.check_mixer(self)
+    check_context_parallel(self)
     return call(self, x, *args, **kwargs)
   wrapper._mixer_checked = True
   return wrapper
@@ -101,10 +101,10 @@ class Mixer(nnx.Module):
   the right rank and width), so no layer repeats them and every layer names the argument.
 
   ``context_parallel = True`` declares that the layer runs with the sequence sharded over
-  a ``"seq"`` mesh axis (its token mixing goes through
-  :func:`~linear_attention.nn.context_parallel.op`). It is not inherited: a subclass that
-  changes how it mixes tokens must declare it again, and until then it refuses a sharded
-  sequence with a ``ValueError`` naming it.
+  a ``"seq"`` mesh axis (every op that mixes tokens gets
+  ``context=``:func:`~linear_attention.nn.context_parallel.context`). It is not
+  inherited: a subclass that changes how it mixes tokens must declare it again, and until
+  then it refuses a sharded sequence with a ``ValueError`` naming it.
   """
 
   causal: bool = True
@@ -130,6 +130,25 @@ class Mixer(nnx.Module):
     """One token ``x [B, D]`` in, ``(y [B, D], new_cache)`` out."""
     raise NotImplementedError(
         f"{type(self).__name__} (causal={self.causal}) cannot decode token by token.")
+
+
+def _subclasses(cls) -> list[type]:
+  out = []
+  for sub in cls.__subclasses__():
+    out += [sub] + _subclasses(sub)
+  return out
+
+
+def check_context_parallel(layer: Mixer) -> None:
+  """Raises a ``ValueError`` naming ``layer``'s class when the sequence is sharded and the
+  class does not declare ``context_parallel = True``."""
+  n = context_parallel.seq_size()
+  if n > 1 and not type(layer).context_parallel:
+    able = sorted({c.__name__ for c in _subclasses(Mixer) if c.context_parallel})
+    raise ValueError(
+        f"mixer {type(layer).__name__} cannot run with the sequence sharded over mesh axis "
+        f"{context_parallel.SEQ!r} ({n} devices, config.mesh.seq); context-parallel mixer "
+        f"classes: {able}. Use config.mesh.seq=1 for this model.")
 
 
 def cache_overflowed(cache: Any) -> Array:

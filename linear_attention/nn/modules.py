@@ -14,6 +14,7 @@ from flax import nnx
 from linear_attention.nn import context_parallel as cp
 from linear_attention import common as common_ops
 from linear_attention.ops import conv as conv_ops
+from linear_attention.ops import feature_maps as fm
 
 Array = jax.Array
 Dtype = Any
@@ -29,9 +30,6 @@ class RandomFeatures(nnx.Variable):
 
   def redraw(self, key: Array) -> None:
     """Replaces the projection by a fresh draw of the same shape and kind."""
-    # Imported here so that the Variable type carries no op dependency at import.
-    from linear_attention.ops import feature_maps as fm
-
     m, d = self[...].shape
     self.set_value(fm.random_projection(key, m, d, orthogonal=bool(self.orthogonal)))
 
@@ -165,8 +163,9 @@ class ShortConv(nnx.Module):
     With the sequence sharded (``config.mesh.seq``), each device reads a halo of ``W - 1``
     tokens from the previous one (see :mod:`~linear_attention.nn.context_parallel`).
     """
-    return cp.op(conv_ops.causal_conv1d)(x, self.weight[...].astype(x.dtype), self._bias(),
-                                  segment_ids=segment_ids, activation=self.activation)
+    return conv_ops.causal_conv1d(x, self.weight[...].astype(x.dtype), self._bias(),
+                                  segment_ids=segment_ids, activation=self.activation,
+                                  context=cp.context())
 
   def init_state(self, batch: int) -> Array:
     """Zeros ``[B, W - 1, C]`` float32 (the op keeps its state in float32)."""

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 from linear_attention.ops import rglru as rglru_ops
 from linear_attention.ops import ssm as ssm_ops
@@ -36,6 +37,8 @@ class Mamba(mixer.Mixer):
     dt_min, dt_max: ``dt = softplus(dt_bias)`` is drawn log-uniformly in this
       range per channel at init (floored at ``dt_init_floor``).
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int = 1, *, d_state: int = 16, expand: int = 2,
                conv_width: int = 4, dt_rank: int | None = None, dt_min: float = 1e-3,
@@ -80,7 +83,8 @@ class Mamba(mixer.Mixer):
     dt, b, c = self._ssm_inputs(x)
     a, d, dt_bias = self._params()
     y = ssm_ops.selective_scan(x, dt, a, b, c, d, z, dt_bias=dt_bias, dt_softplus=True,
-                               chunk_size=self.chunk_size, segment_ids=segment_ids)
+                               chunk_size=self.chunk_size, segment_ids=segment_ids,
+                               context=cp.context())
     return self.out_proj(y)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -135,6 +139,10 @@ class HawkBlock(mixer.Mixer):
     c: the gate's temperature (8 in Griffin).
   """
 
+  # rg_lru takes context=, but a Hawk block's gradients under it disagree with the unsharded
+  # ones (see nn.context_parallel.REFUSED); until that is mended it refuses a sharded sequence.
+  context_parallel = False
+
   def __init__(self, d_model: int, num_heads: int, *, lru_width: int | None = None,
                conv_width: int = 4, c: float = 8.0, min_rad: float = 0.9, max_rad: float = 0.999,
                chunk_size: int = 64, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
@@ -161,7 +169,8 @@ class HawkBlock(mixer.Mixer):
     y = jax.nn.gelu(self.y_proj(x))
     h = self.conv(self.x_proj(x), segment_ids)
     h = rglru_ops.rg_lru(h, self.gate_r(h), self.gate_i(h), self.log_lambda[...], c=self.c,
-                         chunk_size=self.chunk_size, segment_ids=segment_ids)
+                         chunk_size=self.chunk_size, segment_ids=segment_ids,
+                         context=cp.context())
     return self.out_proj(h * y)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -193,6 +202,8 @@ class S4DLayer(mixer.Mixer):
   convolution; decoding the recurrence with a complex64 state ``[B, D, N]``.
   """
 
+  context_parallel = True
+
   def __init__(self, d_model: int, num_heads: int = 1, *, d_state: int = 32, init: str = "lin",
                dt_min: float = 1e-3, dt_max: float = 1e-1, form: str = "fft",
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
@@ -222,7 +233,8 @@ class S4DLayer(mixer.Mixer):
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
-    y = ssm_ops.s4d(x, *self._params(), form=self.form, segment_ids=segment_ids)
+    y = ssm_ops.s4d(x, *self._params(), form=self.form, segment_ids=segment_ids,
+                    context=cp.context())
     return self._out(y)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:

@@ -149,7 +149,7 @@ def spec(name: str) -> MixerSpec:
 
 
 def select(*, study: str | None = None, family: str | None = None, gating: str | None = None,
-           causal: bool | None = None) -> tuple[str, ...]:
+           causal: bool | None = None, context_parallel: bool | None = None) -> tuple[str, ...]:
   """Mixer names, in registry order, that match every given criterion.
 
   Args:
@@ -157,6 +157,9 @@ def select(*, study: str | None = None, family: str | None = None, gating: str |
     family: one of :data:`FAMILIES`.
     gating: one of :data:`GATINGS`.
     causal: ``True`` for decoding mixers, ``False`` for encoder mixers.
+    context_parallel: ``True`` for the mixers that run with the sequence sharded
+      (``config.mesh.seq > 1``; their class declares it), ``False`` for the others
+      (``nn.context_parallel.REFUSED`` says why).
 
   Returns:
     A tuple of names (possibly empty).
@@ -172,7 +175,8 @@ def select(*, study: str | None = None, family: str | None = None, gating: str |
                if (study is None or study in s.studies)
                and (family is None or s.family == family)
                and (gating is None or s.gating == gating)
-               and (causal is None or s.causal == causal))
+               and (causal is None or s.causal == causal)
+               and (context_parallel is None or s.cls.context_parallel == context_parallel))
 
 
 def mixer_kwargs(name: str) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import gated, mixer, modules
 from linear_attention.ops import loglinear as loglinear_ops
 # Names, not the module: ``ops.mlstm`` is the function (ops/__init__ exports it).
@@ -56,6 +57,8 @@ class MLSTM(mixer.Mixer):
   biases start spread over ``[3, 6]`` (slow forgetting), gate weights at zero.
   Decoding cache: ``conv [B, W-1, d_inner]`` and the mLSTM state ``C, n, m``.
   """
+
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, expand: int = 2, conv_width: int = 4,
                qkv_block_size: int = 4, forget_gate: str = "sigmoid", chunk_size: int = 64, norm_eps: float = 1e-5,
@@ -102,7 +105,7 @@ class MLSTM(mixer.Mixer):
     u_conv = self.conv(u, segment_ids)
     q, k, v, ig, fg = self._inputs(u, u_conv)
     o = mlstm(q, k, v, ig, fg, forget_gate=self.forget_gate, chunk_size=self.chunk_size,
-              segment_ids=segment_ids)
+              segment_ids=segment_ids, context=cp.context())
     return self._out(o, u_conv, z)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:

@@ -4,14 +4,21 @@ scan and Griffin's RG-LRU).
 ``y_t[d] = bias[d] + sum_w weight[w, d] * x_{t - (W - 1) + w}[d]``: the last
 tap ``weight[W - 1]`` multiplies the current token, as in a left-padded
 ``conv1d``. The decoding state is the last ``W - 1`` inputs, oldest first.
+
+With the sequence split over devices (``context=``), each device receives the
+last ``W - 1`` inputs of the previous one (one ``ppermute``, :func:`halo`) and
+convolves its slice with them in front: the sequence is never gathered.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from linear_attention import common
+from linear_attention.ops.context import SeqContext, axis_index, check_context
 
 Array = jax.Array
 
@@ -43,6 +50,7 @@ def causal_conv1d(
     return_state: bool = False,
     segment_ids: Array | None = None,
     activation: str | None = None,
+    context: SeqContext | None = None,
 ):
   """Depthwise causal convolution along the sequence.
 
@@ -57,6 +65,9 @@ def causal_conv1d(
     segment_ids: optional ``[B, T]`` ints; taps never reach into another
       segment (they read zeros instead).
     activation: ``None`` or ``"silu"`` (``"swish"``), applied after the bias.
+    context: optional :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over its mesh axis, each device holding at least ``W - 1``
+      tokens; the same result, from a halo of ``W - 1`` tokens per device.
 
   Returns:
     ``y`` ``[B, T, D]`` in the dtype of ``x``, or ``(y, state)`` with ``state``
@@ -71,6 +82,10 @@ def causal_conv1d(
     common.check_shape("initial_state", initial_state, (bsz, w - 1, d), "[B, W - 1, D]")
     common.check_float("initial_state", initial_state)
   common.check_segment_ids(segment_ids, bsz, t)
+  check_context(context)
+  if context is not None and w > 1:
+    return _context_conv(x, weight, bias, initial_state, segment_ids, context=context,
+                         return_state=return_state, activation=activation)
   acc = jnp.promote_types(x.dtype, jnp.float32)
 
   past = (jnp.zeros((bsz, w - 1, d), acc) if initial_state is None
@@ -97,6 +112,69 @@ def causal_conv1d(
     keep = segp[:, segp.shape[1] - (w - 1):] == seg[:, -1:]
     state = jnp.where(keep[..., None], state, 0)
   return y, state
+
+
+def halo(x: Array, size: int, context: SeqContext, *, from_next: bool = False) -> Array:
+  """The ``size`` tokens next to this device's slice, inside the context's ``shard_map``.
+
+  Args:
+    x: ``[B, T, ...]`` this device's slice, ``T >= size``.
+    size: tokens to fetch, >= 1.
+    context: the context whose ``axis_name`` splits the sequence.
+    from_next: False: the last ``size`` tokens of the previous device (the first
+      device gets zeros); True: the first ``size`` tokens of the next device (the
+      last device gets zeros).
+
+  Returns:
+    ``[B, size, ...]`` in the dtype of ``x``. One ``ppermute``.
+  """
+  n = context.size
+  if from_next:
+    return lax.ppermute(x[:, :size], context.axis_name, [(i + 1, i) for i in range(n - 1)])
+  return lax.ppermute(x[:, x.shape[1] - size:], context.axis_name,
+                      [(i, i + 1) for i in range(n - 1)])
+
+
+def check_halo(name: str, size: int, context: SeqContext, local: int) -> None:
+  """Raises a ``ValueError`` unless a device's ``local`` tokens hold a halo of ``size``."""
+  if size > local:
+    raise ValueError(
+        f"context: {name} needs at least {size} tokens per device of mesh axis "
+        f"{context.axis_name!r}, got {local}; use a longer sequence or fewer devices on "
+        "that axis.")
+
+
+def _context_conv(x, weight, bias, initial_state, segment_ids, *, context, return_state,
+                  activation):
+  """:func:`causal_conv1d` with the sequence split over ``context``'s axis (``W >= 2``)."""
+  context.check(x.shape[0], x.shape[1])
+  w = weight.shape[0]
+  acc = jnp.promote_types(x.dtype, jnp.float32)
+
+  def body(x, weight, bias=None, initial_state=None, segment_ids=None):
+    check_halo(f"the short convolution of width {w}", w - 1, context, x.shape[1])
+    first = axis_index(context.axis_name) == 0
+    prev = halo(x.astype(acc), w - 1, context)
+    if initial_state is not None:
+      prev = jnp.where(first, initial_state.astype(acc), prev)
+    xs = jnp.concatenate([prev, x.astype(acc)], axis=1)
+    seg = None
+    if segment_ids is not None:
+      # The first device's halo (the initial state) belongs to its first segment.
+      prev_ids = jnp.where(first, segment_ids[:, :1], halo(segment_ids, w - 1, context))
+      seg = jnp.concatenate([prev_ids, segment_ids], axis=1)
+    out = causal_conv1d(xs, weight, bias, segment_ids=seg, activation=activation,
+                        return_state=return_state)
+    y = (out[0] if return_state else out)[:, w - 1:].astype(x.dtype)
+    if not return_state:
+      return y
+    last = axis_index(context.axis_name) == context.size - 1
+    return y, lax.psum(jnp.where(last, out[1], 0.0), context.axis_name)
+
+  spec = context.seq_spec
+  named = {"x": (x, spec), "weight": (weight, P()), "bias": (bias, P()),
+           "initial_state": (initial_state, context.row_spec), "segment_ids": (segment_ids, spec)}
+  return context.shard(body, named, (spec, context.row_spec) if return_state else spec)
 
 
 def causal_conv1d_step(

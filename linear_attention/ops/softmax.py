@@ -46,6 +46,15 @@ each key's ``D``. The Pallas kernel does not take the bias yet.
 Segments: ``segment_ids`` ``[B, T]`` packs sequences in a row. As in every op
 of this package, a segment is a maximal run of equal ids (``common.segment_index``);
 a query sees only keys of its own run.
+
+Context parallelism (``context=``, the sequence split over a mesh axis) is
+all-gather attention: each device keeps its ``T / n`` queries at their global
+positions and gathers every key and value (and segment id, and FoX's ``D``)
+of the axis, one ``all_gather`` each. Per device the logits are
+``[T / n, T]`` (naive) or blocks of them (blockwise, which then visits every
+key block: no causal skipping across devices), so memory is ``1 / n`` of the
+one-device naive form's; a ring or blockwise pass over devices would make it
+``O(T / n)`` at ``n - 1`` rounds of communication.
 """
 
 from __future__ import annotations
@@ -59,9 +68,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from linear_attention import common
 from linear_attention.kernels import dispatch
 from linear_attention.kernels.flash_attention import flash_attention, unsupported_arguments
-from linear_attention import common
+from linear_attention.ops.context import SeqContext, axis_index, check_context
 
 Array = jax.Array
 
@@ -180,6 +190,15 @@ def _blocks_or_none(x: Array | None, size: int) -> Array | None:
   return None if x is None else _blocks(x, size)
 
 
+def _zero(dtype, *xs) -> Array:
+  """A ``[1, ...]`` zero that varies over the mesh axes of every ``x`` (inside ``shard_map``).
+
+  Added to a loop's initial carry, it gives the carry the type of the values the loop
+  computes from ``xs`` (a constant ``jnp.zeros`` carry is invariant and would change type).
+  """
+  return sum(jnp.zeros_like(x[(slice(0, 1),) * x.ndim], dtype) for x in xs)
+
+
 def _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_bias):
   b, tq, h, _ = q.shape
   dv = v.shape[-1]
@@ -202,8 +221,9 @@ def _flash_forward(mask, scale, q, k, v, q_pos, k_pos, q_seg, k_seg, q_bias, k_b
       o = o * corr[..., None] + jnp.einsum("bqhk,bkhd->bqhd", p, _take(v, j, bk).astype(acc))
       return m_new, l, o
 
-    init = (jnp.full((b, bq, h), MASK_VALUE, acc), jnp.zeros((b, bq, h), acc),
-            jnp.zeros((b, bq, h, dv), acc))
+    z = _zero(acc, qi, k, v)
+    init = (jnp.full((b, bq, h), MASK_VALUE, acc) + z[..., 0],
+            jnp.zeros((b, bq, h), acc) + z[..., 0], jnp.zeros((b, bq, h, dv), acc) + z)
     lo, hi = mask.key_blocks(i, nk)
     m, l, o = lax.fori_loop(lo, hi, body, init)
     seen = l > 0
@@ -257,7 +277,9 @@ def _flash_bwd(mask, scale, res, cotangents):
       return dq + jnp.einsum("bqhk,bkhd->bqhd", ds, kj), dbq
 
     lo, hi = mask.key_blocks(i, nk)
-    dq, dbq = lax.fori_loop(lo, hi, body, (jnp.zeros(qi.shape, acc), jnp.zeros(lse_i.shape, acc)))
+    z = _zero(acc, qi, doi, k, v)
+    dq, dbq = lax.fori_loop(lo, hi, body, (jnp.zeros(qi.shape, acc) + z,
+                                           jnp.zeros(lse_i.shape, acc) + z[..., 0]))
     return dq * scale, dbq
 
   def dkv_block(args):
@@ -276,7 +298,9 @@ def _flash_bwd(mask, scale, res, cotangents):
       return dk + jnp.einsum("bqhk,bqhd->bkhd", ds, qi), dv, dbk
 
     lo, hi = mask.query_blocks(j, nq)
-    zeros = (jnp.zeros(kj.shape, acc), jnp.zeros(vj.shape, acc), jnp.zeros(kj.shape[:3], acc))
+    z = _zero(acc, kj, vj, q, do)
+    zeros = (jnp.zeros(kj.shape, acc) + z, jnp.zeros(vj.shape, acc) + z,
+             jnp.zeros(kj.shape[:3], acc) + z[..., 0])
     dk, dv, dbk = lax.fori_loop(lo, hi, body, zeros)
     return dk * scale, dv, dbk
 
@@ -457,6 +481,7 @@ def softmax_attention(
     implementation: str | None = None,
     algorithm: str | None = None,
     block_size: int = 128,
+    context: SeqContext | None = None,
 ) -> Array:
   """Exact softmax attention, ``o_i = sum_j softmax_j(scale * q_i . k_j) v_j``.
 
@@ -481,6 +506,10 @@ def softmax_attention(
     block_size: query and key block length of the blockwise path (any ``T``
       works: padded inside; capped at ``T``). The Pallas kernel uses its own
       default block sizes.
+    context: optional :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over its mesh axis, all-gather attention (module
+      docstring); ``implementation`` must then be ``None`` or ``"xla"`` and
+      ``algorithm=None`` picks by the full length ``T``.
 
   Returns:
     ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``. Softmax statistics
@@ -490,6 +519,10 @@ def softmax_attention(
   implementation, algorithm = check_implementation(implementation, algorithm)
   common.check_positive_int("block_size", block_size)
   scale = common.resolve_scale(scale, dk)
+  if context is not None:
+    return _context_attention(q, k, v, segment_ids, None, context=context, causal=bool(causal),
+                              scale=scale, implementation=implementation, algorithm=algorithm,
+                              block_size=block_size)
   if algorithm is None and resolve_implementation(implementation, q, k, v) == "pallas":
     return pallas_attention(q, k, v, causal=bool(causal), scale=scale, segment_ids=segment_ids)
   if algorithm is None:
@@ -500,6 +533,56 @@ def softmax_attention(
     o, _ = self_attention_stats(q, k, v, segment_ids, scale=scale, block_size=block_size,
                                 causal=causal)
   return o.astype(q.dtype)
+
+
+def _context_attention(q, k, v, segment_ids, log_fgate, *, context, causal, scale,
+                       implementation, algorithm, block_size):
+  """All-gather attention (module docstring); shapes as in :func:`softmax_attention`."""
+  check_context(context)
+  if implementation == "pallas":
+    raise ValueError("implementation must be None or 'xla' with a context (all-gather "
+                     "attention: no Pallas kernel takes a query offset), got 'pallas'.")
+  b, t = q.shape[:2]
+  context.check(b, t)
+  ax = context.axis_name
+
+  def body(q, k, v, segment_ids=None, log_fgate=None):
+    tl = q.shape[1]
+    full = tl * context.size
+    start = axis_index(ax) * tl
+    gather = lambda x: lax.all_gather(x, ax, axis=1, tiled=True)
+    k_all, v_all = gather(k), gather(v)
+    k_pos = positions(q.shape[0], full)
+    q_pos = start + positions(q.shape[0], tl)
+    # Runs are counted on the whole row, so a reused id is still another segment.
+    k_seg = segment_or_zeros(None if segment_ids is None else gather(segment_ids),
+                             q.shape[0], full)
+    q_seg = lax.dynamic_slice_in_dim(k_seg, start, tl, axis=1)
+    d = d_all = None
+    if log_fgate is not None:
+      d = forget_cumsum(log_fgate)
+      totals = lax.all_gather(d[:, -1], ax)  # [n, B, H]
+      before = jnp.arange(context.size) < axis_index(ax)
+      d = d + jnp.sum(jnp.where(before[:, None, None], totals, 0.0), axis=0)[:, None]
+      d_all = gather(d)
+    if (algorithm or ("naive" if full <= NAIVE_MAX_LEN else "blockwise")) == "naive":
+      visible = q_seg[:, :, None] == k_seg[:, None, :]
+      if causal:
+        visible &= k_pos[:, None, :] <= q_pos[:, :, None]
+      bias = None if d is None else d[:, :, :, None] - jnp.swapaxes(d_all, 1, 2)[:, None]
+      o, _ = dense_attention_stats(q, k_all, v_all, visible, scale, bias)
+    else:
+      # Query and key blocks cover different positions: no whole block is skipped.
+      mask = BlockMask(min(block_size, tl), min(block_size, full), causal=causal,
+                       aligned=False)
+      o, _ = flash_attention_stats(q, k_all, v_all, q_pos, k_pos, q_seg, k_seg, mask=mask,
+                                   scale=scale, q_bias=d, k_bias=d_all)
+    return o.astype(q.dtype)
+
+  spec = context.seq_spec
+  named = {"q": (q, spec), "k": (k, spec), "v": (v, spec), "segment_ids": (segment_ids, spec),
+           "log_fgate": (log_fgate, spec)}
+  return context.shard(body, named, spec)
 
 
 def check_implementation(implementation: str | None,
@@ -578,6 +661,7 @@ def forgetting_attention(
     implementation: str | None = None,
     algorithm: str | None = None,
     block_size: int = 128,
+    context: SeqContext | None = None,
 ) -> Array:
   """Forgetting Attention (FoX): causal softmax attention with a forget gate per head.
 
@@ -601,6 +685,9 @@ def forgetting_attention(
       softmax, ``O(T)`` memory, custom backward) or ``None``: naive for
       ``T <= NAIVE_MAX_LEN``, blockwise above.
     block_size: the blockwise path's block length (capped at ``T``).
+    context: optional :class:`~linear_attention.ops.context.SeqContext`, as in
+      :func:`softmax_attention`; ``D`` is the global cumulative sum (each
+      device's own plus the gathered totals of the devices before it).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``; statistics and accumulation
@@ -614,6 +701,10 @@ def forgetting_attention(
                      "None or 'xla', got 'pallas'.")
   common.check_positive_int("block_size", block_size)
   scale = common.resolve_scale(scale, dk)
+  if context is not None:
+    return _context_attention(q, k, v, segment_ids, log_fgate, context=context, causal=True,
+                              scale=scale, implementation=implementation, algorithm=algorithm,
+                              block_size=block_size)
   d = forget_cumsum(log_fgate)
   if algorithm is None:
     algorithm = "naive" if t <= NAIVE_MAX_LEN else "blockwise"

@@ -21,6 +21,15 @@ Costs: sliding window ``O(T * window)`` time and memory, forward and backward
 backward). Longformer ``O(T * (window + max_globals))``. BigBird
 ``O(T * block_size * (w + r + g))`` (the selected key blocks are gathered per
 query block and attended with one softmax; autodiff stores only those).
+
+Context parallelism (``context=``, the sequence split over a mesh axis): the
+sliding window only. Each device receives the ``window - 1`` keys, values and
+segment ids before its slice from the previous device (and, not causal, those
+after it from the next one), one ``ppermute`` each, and attends over its slice
+with that halo around it: the same ``O(T * window)`` per device, nothing
+gathered. The window must fit in one device's slice. Longformer's global
+tokens and BigBird's random and global blocks reach across the whole sequence
+and take no context.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ import numpy as np
 from jax import lax
 
 from linear_attention import common
+from linear_attention.ops import conv
 from linear_attention.ops import softmax as sm
+from linear_attention.ops.context import SeqContext, axis_index, check_context
 
 Array = jax.Array
 
@@ -74,6 +85,7 @@ def sliding_window_attention(
     segment_ids: Array | None = None,
     block_size: int | None = None,
     implementation: str | None = None,
+    context: SeqContext | None = None,
 ) -> Array:
   """Softmax attention restricted to a sliding window of keys.
 
@@ -95,6 +107,10 @@ def sliding_window_attention(
       FlashAttention-2 kernel, GPU or TPU only; it skips key blocks outside
       the band too; ``block_size`` does not apply) or ``None``: ``"pallas"``
       where it runs, else ``"xla"``.
+    context: optional :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over its mesh axis, each device holding at least
+      ``window - 1`` tokens; a halo from the neighbouring devices (module
+      docstring).
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``.
@@ -103,6 +119,11 @@ def sliding_window_attention(
   common.check_positive_int("window", window)
   if implementation is not None:
     common.check_choice("implementation", implementation, ("xla", "pallas"))
+  check_context(context)
+  if context is not None and window > 1:
+    return _context_window(q, k, v, segment_ids, context=context, window=window,
+                           causal=causal, scale=scale, block_size=block_size,
+                           implementation=implementation)
   block = _window_block(window, block_size)
   scale = common.resolve_scale(scale, dk)
   if sm.resolve_implementation(implementation, q, k, v) == "pallas":
@@ -111,6 +132,40 @@ def sliding_window_attention(
   o, _ = sm.self_attention_stats(q, k, v, segment_ids, scale=scale, block_size=block,
                                  causal=causal, window=window)
   return o.astype(q.dtype)
+
+
+def _context_window(q, k, v, segment_ids, *, context, window, causal, scale, block_size,
+                    implementation):
+  """:func:`sliding_window_attention` over each device's slice with a halo around it."""
+  context.check(q.shape[0], q.shape[1])
+  h = window - 1
+
+  def body(q, k, v, segment_ids=None):
+    b, tl = q.shape[:2]
+    conv.check_halo(f"a sliding window of {window}", h, context, tl)
+    ids = jnp.zeros((b, tl), jnp.int32) if segment_ids is None else segment_ids
+    idx = axis_index(context.axis_name)
+
+    def side(nxt):  # the halo before (nxt False) or after the slice: [q, k, v, ids]
+      edge = idx == (context.size - 1 if nxt else 0)
+      # Past the sequence's ends: an id that differs from its neighbour's, so no
+      # query sees those keys.
+      fake = ((ids[:, -1:] if nxt else ids[:, :1]) == 0).astype(ids.dtype)
+      far_ids = jnp.where(edge, fake, conv.halo(ids, h, context, from_next=nxt))
+      # Halo queries only fill the band; their outputs are dropped.
+      return [jnp.zeros_like(q[:, :h]), conv.halo(k, h, context, from_next=nxt),
+              conv.halo(v, h, context, from_next=nxt), far_ids]
+
+    pieces = [side(False), [q, k, v, ids]] + ([] if causal else [side(True)])
+    ext = [jnp.concatenate(xs, axis=1) for xs in zip(*pieces)]
+    o = sliding_window_attention(*ext[:3], window=window, causal=causal, scale=scale,
+                                 segment_ids=ext[3], block_size=block_size,
+                                 implementation=implementation)
+    return o[:, h:h + tl]
+
+  spec = context.seq_spec
+  named = {"q": (q, spec), "k": (k, spec), "v": (v, spec), "segment_ids": (segment_ids, spec)}
+  return context.shard(body, named, spec)
 
 
 class SlidingWindowCache(NamedTuple):

@@ -439,12 +439,13 @@ def check_context_parallel(model: nnx.Module, ds, mesh) -> None:
   if s == 1:
     return
   sharding.check_seq_len(int(ds.seq_len), mesh)
-  from linear_attention.nn import context_parallel, registry
+  from linear_attention.nn import registry
   names = getattr(getattr(model, "backbone", model), "mixer_names", ())
   bad = sorted({n for n in names if not registry.spec(n).cls.context_parallel})
   if bad:
+    able = list(registry.select(context_parallel=True))
     raise ValueError(f"config.mesh.seq={s} shards the sequence, but mixer(s) {bad} cannot run "
-                     f"that way; context-parallel mixers: {context_parallel.supported_mixers()}.")
+                     f"that way; context-parallel mixers: {able}.")
 
 
 def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "validation"):
