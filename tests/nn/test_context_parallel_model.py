@@ -76,7 +76,9 @@ SCRIPT = textwrap.dedent("""
 
       return params, jax.value_and_grad(loss)
 
-    cases = {"causal": case(causal, seg)}
+    cases = {}
+    if causal:
+      cases["causal"] = case(causal, seg)
     if encoder:
       cases["encoder"] = case(encoder, None)
     lowered = {}
