@@ -325,8 +325,10 @@ def pad_segment_ids(segment_ids: Array, multiple: int) -> Array:
 
 def segment_starts(segment_ids: Array) -> Array:
   """``[B, T]`` bool: True where a new segment begins (never at ``t = 0``)."""
-  prev = jnp.concatenate([segment_ids[:, :1], segment_ids[:, :-1]], axis=1)
-  return segment_ids != prev
+  # Compare neighbours, then pad: the equivalent ``ids != concat([ids[:, :1], ids[:, :-1]])``
+  # lost the start on a device edge when XLA's partitioner sharded it along T (jax 0.10.2,
+  # RG-LRU under a SeqContext; tests/ops/test_context.py).
+  return jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (1, 0)))
 
 
 def segment_index(segment_ids: Array) -> Array:

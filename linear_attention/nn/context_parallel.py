@@ -26,10 +26,6 @@ whole sequence silently; :data:`REFUSED` says why, per registry name:
   per Fenwick level, and which level holds a past token depends on the absolute position
   of the query, so the one-state-per-device fold of the other engines does not carry over
   as it is (not written).
-- ``hawk``: ``ops.rg_lru`` takes the context, but in a Hawk block on a ``(1, 4)`` mesh the
-  loss matches and the gradients do not (the short convolution's bias gradient off by up
-  to 1.2 relative, while the same convolution in front of the other mixers matches): a bug
-  in the scan engine's context backward or in the gates' path, not yet found.
 
 Linformer runs sharded without a form of its own: its projections over ``T`` are matmuls
 that XLA's partitioner splits (a ``psum`` of ``[proj_len, ...]`` per device).
@@ -53,7 +49,6 @@ REFUSED: dict[str, str] = {
     "longformer": "global tokens see the whole sequence",
     "bigbird": "random and global key blocks anywhere in the sequence",
     "loglinear_mamba2": "one state per Fenwick level, regrouped by absolute position",
-    "hawk": "gradients under the context disagree with the unsharded ones (open bug)",
 }
 
 

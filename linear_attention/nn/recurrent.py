@@ -139,9 +139,7 @@ class HawkBlock(mixer.Mixer):
     c: the gate's temperature (8 in Griffin).
   """
 
-  # rg_lru takes context=, but a Hawk block's gradients under it disagree with the unsharded
-  # ones (see nn.context_parallel.REFUSED); until that is mended it refuses a sharded sequence.
-  context_parallel = False
+  context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, lru_width: int | None = None,
                conv_width: int = 4, c: float = 8.0, min_rad: float = 0.9, max_rad: float = 0.999,
