@@ -1,6 +1,6 @@
 """The mLSTM block of xLSTM and log-linear Mamba-2.
 
-* :class:`MLSTM` calls :func:`linear_attention.ops.mlstm.mlstm` (its step when decoding);
+* :class:`MLSTM` calls :func:`linear_attention.ops.xlstm.mlstm` (its step when decoding);
 * :class:`LogLinearMamba2` is :class:`~linear_attention.nn.gated.Mamba2` with
   Fenwick levels: the same projections plus one for the level weights, and
   :func:`linear_attention.ops.loglinear.loglinear_ssd` in place of ``ssd``.
@@ -18,8 +18,8 @@ from flax import nnx
 from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import gated, mixer, modules
 from linear_attention.ops import loglinear as loglinear_ops
-# Names, not the module: ``ops.mlstm`` is the function (ops/__init__ exports it).
-from linear_attention.ops.mlstm import FORGET_GATES, init_mlstm_state, mlstm, mlstm_step
+# ops/xlstm.py: a module named mlstm was shadowed by the function ops.mlstm.
+from linear_attention.ops.xlstm import FORGET_GATES, init_mlstm_state, mlstm, mlstm_step
 
 Array = jax.Array
 
@@ -110,7 +110,7 @@ class MLSTM(mixer.Mixer):
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
     """``{"conv": [B, W-1, d_inner], "C": [B, H, Dh, Dh], "n": [B, H, Dh], "m": [B, H]}``,
-    float32 (a fresh memory: ``m = -inf``, see :mod:`linear_attention.ops.mlstm`)."""
+    float32 (a fresh memory: ``m = -inf``, see :mod:`linear_attention.ops.xlstm`)."""
     c, n, m = init_mlstm_state(batch, self.num_heads, self.head_dim, self.head_dim)
     return {"conv": self.conv.init_state(batch), "C": c, "n": n, "m": m}
 

@@ -60,7 +60,7 @@ from linear_attention.ops.gated import (
     ssd_step,
 )
 from linear_attention.ops.rglru import rg_lru, rg_lru_step
-from linear_attention.ops.mlstm import init_mlstm_state, mlstm, mlstm_step
+from linear_attention.ops.xlstm import init_mlstm_state, mlstm, mlstm_step
 from linear_attention.ops.loglinear import (
     init_loglinear_state,
     loglinear_decay_attention,
