@@ -1,7 +1,11 @@
-"""Gated and decayed linear-attention layers: GLA, RetNet, HGRN2, RWKV-6, Mamba-2.
+"""Gated and decayed linear-attention layers: GLA, RetNet, HGRN2, RWKV-6, Mamba-2 and
+log-linear Mamba-2.
 
 Each owns its projections and gates and calls one op of
-:mod:`linear_attention.ops.gated` (its ``*_step`` twin when decoding).
+:mod:`linear_attention.ops.gated` (its ``*_step`` twin when decoding);
+:class:`LogLinearMamba2` is :class:`Mamba2` with Fenwick levels (one more projection, for
+the level weights) and :func:`linear_attention.ops.loglinear.loglinear_ssd` in place of
+``ssd``.
 Shapes: ``x [B, T, D] -> [B, T, D]``; decoding states ``[B, H, K, V]`` float32.
 """
 
@@ -9,11 +13,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 from linear_attention.ops import gated as gated_ops
+from linear_attention.ops import loglinear as loglinear_ops
 
 Array = jax.Array
 
@@ -385,3 +391,64 @@ class Mamba2(mixer.Mixer):
     y, state = gated_ops.ssd_step(xs, dt.astype(jnp.float32), a, b, c, cache["state"], d,
                                   dt_bias=dt_bias, dt_softplus=True)
     return self._out(y, z), {"conv": conv_state, "state": state}
+
+
+class LogLinearMamba2(Mamba2):
+  """Log-linear Mamba-2 (Guo et al. 2025): Mamba-2 whose SSD state is split over
+  ``num_levels`` Fenwick levels mixed by data-dependent weights.
+
+  Mamba-2's projections, convolution, ``A``, ``dt`` and ``D`` unchanged (so are its
+  decay-init options ``a_init_range, dt_min, dt_max, dt_init_floor``), plus
+  ``level_weights = softplus(W_l x + b_l)`` ``[B, T, H, L]`` with ``b_l``
+  such that every weight starts at 1: at initialisation the layer computes
+  Mamba-2 exactly. Levels from ``num_levels - 1`` up share one weight (the
+  paper takes ``num_levels = log2(T) + 1``). Decoding cache: the conv window,
+  the levels ``[B, H, L, N, P]`` and the position ``[B]``, float32.
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, num_levels: int = 12, d_state: int = 16,
+               expand: int = 2, ngroups: int = 1, conv_width: int = 4, dt_min: float = 1e-3,
+               dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
+               a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
+               norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    mixer.check_positive("num_levels", num_levels)
+    super().__init__(d_model, num_heads, d_state=d_state, expand=expand, ngroups=ngroups,
+                     conv_width=conv_width, dt_min=dt_min, dt_max=dt_max,
+                     dt_init_floor=dt_init_floor, a_init_range=a_init_range, chunk_size=chunk_size,
+                     norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.num_levels = num_levels
+    self.level_proj = modules.dense(d_model, num_heads * num_levels, use_bias=True, rngs=rngs,
+                                 dtype=dtype, param_dtype=param_dtype)
+    self.level_proj.bias.set_value(
+        jnp.full((num_heads * num_levels,), float(np.log(np.expm1(1.0))), param_dtype))
+
+  def _levels(self, x):
+    lam = jax.nn.softplus(self.level_proj(x).astype(jnp.float32))
+    return lam.reshape(lam.shape[:-1] + (self.num_heads, self.num_levels))
+
+  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``."""
+    z, xbc, dt = self._split(self.in_proj(x))
+    xs, b, c = self._ssd_args(self.conv(xbc, segment_ids))
+    a, d, dt_bias = self._params()
+    y = loglinear_ops.loglinear_ssd(xs, dt.astype(jnp.float32), a, b, c, self._levels(x), d,
+                                    dt_bias=dt_bias, dt_softplus=True,
+                                    chunk_size=self.chunk_size, segment_ids=segment_ids)
+    return self._out(y, z)
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """``{"conv": [B, W-1, C], "state": [B, H, L, N, P], "pos": [B]}``, float32."""
+    s, pos = loglinear_ops.init_loglinear_state(batch, self.num_heads, self.num_levels,
+                                                self.d_state, self.head_dim)
+    return {"conv": self.conv.init_state(batch), "state": s, "pos": pos}
+
+  def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
+    """``x [B, D]`` -> ``(y [B, D], cache)``."""
+    z, xbc, dt = self._split(self.in_proj(x))
+    xbc, conv_state = self.conv.step(xbc, cache["conv"])
+    xs, b, c = self._ssd_args(xbc)
+    a, d, dt_bias = self._params()
+    y, (s, pos) = loglinear_ops.loglinear_ssd_step(
+        xs, dt.astype(jnp.float32), a, b, c, self._levels(x), (cache["state"], cache["pos"]), d,
+        dt_bias=dt_bias, dt_softplus=True)
+    return self._out(y, z), {"conv": conv_state, "state": s, "pos": pos}

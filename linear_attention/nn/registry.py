@@ -115,7 +115,7 @@ SPECS: tuple[MixerSpec, ...] = (
     MixerSpec("forgetting", attention.ForgettingAttention, "attention", "data", letter="F",
               tiny=dict(num_kv_heads=1), studies=frozenset()),
     MixerSpec("mlstm", xlstm.MLSTM, "decay", "data", letter="X", studies=frozenset()),
-    MixerSpec("loglinear_mamba2", xlstm.LogLinearMamba2, "decay", "data", letter="J",
+    MixerSpec("loglinear_mamba2", gated.LogLinearMamba2, "decay", "data", letter="J",
               tiny=dict(d_state=8, num_levels=4), studies=frozenset()),
 )
 
