@@ -150,7 +150,9 @@ class SeqContext:
         return jax.device_put(x, NamedSharding(self.mesh, spec))
       return x
     if any(t == jax.sharding.AxisType.Explicit for t in self.mesh.axis_types):
-      return jax.sharding.reshard(x, spec)
+      # A concrete mesh names itself, so the call also works outside ``jax.set_mesh``.
+      return jax.sharding.reshard(
+          x, NamedSharding(self.mesh, spec) if isinstance(self.mesh, Mesh) else spec)
     return x
 
 

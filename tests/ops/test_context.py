@@ -221,6 +221,19 @@ def case_linear_scan():
                                                   **kw), (a, bb, h0))
 
 
+def case_outside_set_mesh():
+  """A concrete mesh needs no ``jax.set_mesh`` around the call (the README's example):
+  Gated DeltaNet's output, state and gradients on an explicit-axes mesh, eager."""
+  q, k, v = _qkv(41)
+  beta = jax.nn.sigmoid(rand(keys(42, 1)[0], (B, T, H)))
+  g = -jax.nn.softplus(rand(keys(43, 1)[0], (B, T, H)))
+  ctx = SeqContext(jax.make_mesh((4,), ("seq",)))
+  fn = lambda q, k, v, **kw: ops.gated_deltanet(q, k, v, beta, g, chunk_size=CHUNK,
+                                               return_state=True, **kw)
+  assert_tree_close(value_and_grads(lambda *a: fn(*a, context=ctx), (q, k, v)),
+                    value_and_grads(fn, (q, k, v)), **TOL)
+
+
 def case_rg_lru():
   kx, kr, ki, kl = keys(39, 4)
   x, gr, gi = (rand(kk, (B, T, 6)) for kk in (kx, kr, ki))
