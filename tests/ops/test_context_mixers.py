@@ -24,7 +24,7 @@ import pytest
 
 from linear_attention import ops
 from linear_attention.ops.context import SeqContext
-from tests import helpers
+from tests.ops import multidevice
 
 TOL = dict(rtol=2e-4, atol=2e-4)
 B, T = 2, 20
@@ -178,19 +178,17 @@ def case_errors():
         fn()
 
 
-CASES = {name[len("case_"):]: fn for name, fn in sorted(globals().items())
-         if name.startswith("case_")}
+CASES = multidevice.cases(globals())
 
 
 def _run_cases() -> None:
   """Subprocess entry point (4 fake devices)."""
-  assert jax.device_count() == 4, jax.devices()
-  helpers.run_cases(CASES)
+  multidevice.run_cases(CASES)
 
 
 def test_four_devices():
   """Every case on 4 fake CPU devices, in one subprocess."""
-  helpers.check_cases_on_fake_devices("tests.ops.test_context_mixers", CASES)
+  multidevice.check_in_subprocess("tests.ops.test_context_mixers", CASES)
 
 
 def test_one_device_context_is_the_op():
