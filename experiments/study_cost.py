@@ -224,7 +224,7 @@ def _decode_cases():
     from linear_attention import ops
     q, k, v = (x[:, 0] for x in _qkv(key, 1))
     s = jax.random.normal(key, (B, H, D, D + 1))  # ELU features: F = D; +1 column for z
-    return (lambda q, k, v, s: ops.linear_attention_step(q, k, v, s)), (q, k, v, s)
+    return ops.linear_attention_step, (s, q, k, v)
 
   def decay(kind):
     def build(p, key):
@@ -233,7 +233,7 @@ def _decode_cases():
       q, k, v = (x[:, 0] for x in _qkv(key, 1))
       g = -jax.random.uniform(key, (B, H) if kind == "scalar" else (B, H, D))
       s = jax.random.normal(key, (B, H, D, D))
-      return (lambda q, k, v, s, g: ops.decay_linear_attention_step(q, k, v, s, g)), (q, k, v, s, g)
+      return ops.decay_linear_attention_step, (s, q, k, v, g)
     return build
 
   def gla(p, key):
@@ -242,7 +242,7 @@ def _decode_cases():
     q, k, v = (x[:, 0] for x in _qkv(key, 1))
     g = jax.nn.log_sigmoid(jax.random.normal(key, (B, H, D))) / 16
     s = jax.random.normal(key, (B, H, D, D))
-    return (lambda q, k, v, s, g: ops.gla_step(q, k, v, s, g)), (q, k, v, s, g)
+    return ops.gla_step, (s, q, k, v, g)
 
   def ssd(p, key):
     import jax
@@ -252,7 +252,7 @@ def _decode_cases():
     a = -jax.random.uniform(key, (H,), minval=1.0, maxval=16.0)
     bm = cm = jax.random.normal(key, (B, 1, D))
     s = jax.random.normal(key, (B, H, D, D))
-    return (lambda x, dt, a, bm, cm, s: ops.ssd_step(x, dt, a, bm, cm, s)), (x, dt, a, bm, cm, s)
+    return ops.ssd_step, (s, x, dt, a, bm, cm)
 
   def deltanet(p, key):
     import jax
@@ -260,8 +260,8 @@ def _decode_cases():
     q, k, v = (x[:, 0] for x in _qkv(key, 1))
     beta = jax.nn.sigmoid(jax.random.normal(key, (B, H)))
     s = jax.random.normal(key, (B, H, D, D))
-    fn = lambda q, k, v, beta, s: ops.deltanet_step(q, k, v, beta, s, normalize_qk=True)
-    return fn, (q, k, v, beta, s)
+    fn = lambda s, q, k, v, beta: ops.deltanet_step(s, q, k, v, beta, normalize_qk=True)
+    return fn, (s, q, k, v, beta)
 
   def selective_scan(p, key):
     import jax
@@ -271,8 +271,7 @@ def _decode_cases():
     a = -jnp.broadcast_to(jnp.arange(1, STATE_N + 1, dtype=jnp.float32), (CHANNELS, STATE_N))
     bm = cm = jax.random.normal(key, (B, STATE_N))
     s = jax.random.normal(key, (B, CHANNELS, STATE_N))
-    fn = lambda x, dt, a, bm, cm, s: ops.selective_scan_step(x, dt, a, bm, cm, state=s)
-    return fn, (x, dt, a, bm, cm, s)
+    return ops.selective_scan_step, (s, x, dt, a, bm, cm)
 
   def rg_lru(p, key):
     import jax
@@ -280,7 +279,7 @@ def _decode_cases():
     x = jax.random.normal(key, (B, CHANNELS))
     lam = jax.random.uniform(key, (CHANNELS,), minval=2.0, maxval=6.0)
     s = jax.random.normal(key, (B, CHANNELS))
-    return (lambda x, lam, s: ops.rg_lru_step(x, x, x, lam, s)), (x, lam, s)
+    return (lambda s, x, lam: ops.rg_lru_step(s, x, x, x, lam)), (s, x, lam)
 
   def sliding(p, key):
     import jax
@@ -289,7 +288,7 @@ def _decode_cases():
     q, k, v = (x[:, 0] for x in _qkv(key, 1))
     kc, vc = _qkv(key, WINDOW)[:2]
     cache = ops.SlidingWindowCache(kc, vc, jnp.asarray(p, jnp.int32))
-    return (lambda q, k, v, c: ops.sliding_window_step(q, k, v, c, window=WINDOW)), (q, k, v, cache)
+    return (lambda c, q, k, v: ops.sliding_window_step(c, q, k, v, window=WINDOW)), (cache, q, k, v)
 
   def softmax_kv(p, key):
     import jax

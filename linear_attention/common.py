@@ -146,6 +146,26 @@ def check_step_state(name: str, state: Array, expected: Sequence[int | None],
     raise ValueError(f"{name} must be float32 (or float64), got dtype {dtype}.")
 
 
+def check_step_state_first(state, what: str, *ranks: int) -> None:
+  """Refuses a ``*_step`` state of the wrong rank before the token's inputs are checked.
+
+  The state is every step function's first argument; a call in another order
+  puts a token's input there, and this names ``state`` rather than the input
+  that shifted into the next slot. ``ranks``: one per array of the state (a
+  tuple state has several). ``None`` passes (the step decides)."""
+  if state is None:
+    return
+  parts = state if len(ranks) > 1 else (state,)
+  if (isinstance(parts, (tuple, list)) and len(parts) == len(ranks)
+      and all(getattr(x, "ndim", None) == r for x, r in zip(parts, ranks))):
+    return
+  got = (f"shape {list(state.shape)}" if hasattr(state, "shape") else
+         f"a {type(state).__name__} of shapes {[list(getattr(x, 'shape', ())) for x in state]}"
+         if isinstance(state, (tuple, list)) else type(state).__name__)
+  raise ValueError(f"state (the first argument of every *_step function) must be {what}, "
+                   f"got {got}.")
+
+
 def concrete(x) -> np.ndarray | None:
   """``x`` as float64 numpy, or None while it is traced (under jit, grad or vmap)."""
   if x is None or isinstance(x, jax.core.Tracer):

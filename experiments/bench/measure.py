@@ -214,8 +214,8 @@ def step_latency(position: int, dims: Dims = DIMS) -> float:
   q, k, v = (jax.random.normal(key, (dims.B, position, dims.H, dims.D))
              for key in jax.random.split(jax.random.PRNGKey(0), 3))
   _, state = jax.jit(lambda q, k, v: ops.linear_attention(q, k, v, return_state=True))(q, k, v)
-  step = jax.jit(lambda q, k, v, s: ops.linear_attention_step(q, k, v, s))
-  return time_calls(step, q[:, -1], k[:, -1], v[:, -1], state, repeats=50)[0]
+  step = jax.jit(ops.linear_attention_step)
+  return time_calls(step, state, q[:, -1], k[:, -1], v[:, -1], repeats=50)[0]
 
 
 def run_worker(spec: dict, timeout: float, env=None) -> list[dict]:

@@ -107,8 +107,8 @@ class DeltaNet(mixer.Mixer):
     """The op on one token: ``[B, H, *]`` in, ``(o [B, H, Dh], state)`` out."""
     g = self._log_decay(x)
     if g is None:
-      return delta_ops.deltanet_step(q, k, v, beta, state, normalize_qk=True)
-    return delta_ops.gated_deltanet_step(q, k, v, beta, g, state, normalize_qk=True)
+      return delta_ops.deltanet_step(state, q, k, v, beta, normalize_qk=True)
+    return delta_ops.gated_deltanet_step(state, q, k, v, beta, g, normalize_qk=True)
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
@@ -225,7 +225,7 @@ class KimiDeltaAttention(DeltaNet):
                         segment_ids=segment_ids, normalize_qk=True, context=cp.context())
 
   def _mix_step(self, q, k, v, beta, x, state):
-    return dplr_ops.kda_step(q, k, v, beta, self._log_decay(x), state, normalize_qk=True)
+    return dplr_ops.kda_step(state, q, k, v, beta, self._log_decay(x), normalize_qk=True)
 
 
 class GatedDeltaProduct(DeltaNet):
@@ -270,7 +270,7 @@ class GatedDeltaProduct(DeltaNet):
   def _mix_step(self, q, k, v, beta, x, state):
     if self.steps == 1:
       k, v, beta = k[..., None, :], v[..., None, :], beta[..., None]
-    return dplr_ops.gated_deltaproduct_step(q, k, v, beta, self._log_decay(x), state,
+    return dplr_ops.gated_deltaproduct_step(state, q, k, v, beta, self._log_decay(x),
                                             normalize_qk=True)
 
 
@@ -365,5 +365,5 @@ class RWKV7TimeMix(mixer.Mixer):
   def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     r, k, v, log_w, kappa, a, g = self._inputs(x, cache["shift"].astype(x.dtype))
-    o, state = dplr_ops.rwkv7_step(r, k, v, cache["state"], log_w, kappa, a)
+    o, state = dplr_ops.rwkv7_step(cache["state"], r, k, v, log_w, kappa, a)
     return self._out(o, r, k, v, g, x), {"state": state, "shift": x.astype(jnp.float32)}

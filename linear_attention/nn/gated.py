@@ -86,7 +86,7 @@ class GatedLinearAttention(mixer.Mixer):
   def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     q, k, v, log_g = self._inputs(x)
-    o, state = gated_ops.gla_step(q, k, v, cache["state"], log_g)
+    o, state = gated_ops.gla_step(cache["state"], q, k, v, log_g)
     return self._out(o, x), {"state": state}
 
 
@@ -147,7 +147,7 @@ class MultiScaleRetention(mixer.Mixer):
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     pos = jnp.full((x.shape[0], 1), cache["pos"], jnp.int32)
     q, k, v = (a[:, 0] for a in self._inputs(x[:, None], pos))
-    o, state = gated_ops.retention_step(q, k, v, cache["state"])
+    o, state = gated_ops.retention_step(cache["state"], q, k, v)
     return self._out(o, x), {"state": state, "pos": cache["pos"] + 1}
 
 
@@ -207,7 +207,7 @@ class HGRN2(mixer.Mixer):
   def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     q, log_f, v = self._inputs(x)
-    o, state = gated_ops.hgrn2_step(q, log_f, v, cache["state"])
+    o, state = gated_ops.hgrn2_step(cache["state"], q, log_f, v)
     return self._out(o, x), {"state": state}
 
 
@@ -290,7 +290,7 @@ class RWKV6TimeMix(mixer.Mixer):
   def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     r, k, v, log_w, g = self._inputs(x, cache["shift"].astype(x.dtype))
-    o, state = gated_ops.rwkv6_step(r, k, v, cache["state"], log_w,
+    o, state = gated_ops.rwkv6_step(cache["state"], r, k, v, log_w,
                                     self.bonus[...].astype(jnp.float32))
     return self._out(o, g, x), {"state": state, "shift": x.astype(jnp.float32)}
 
@@ -388,7 +388,7 @@ class Mamba2(mixer.Mixer):
     xbc, conv_state = self.conv.step(xbc, cache["conv"])
     xs, b, c = self._ssd_args(xbc)
     a, d, dt_bias = self._params()
-    y, state = gated_ops.ssd_step(xs, dt.astype(jnp.float32), a, b, c, cache["state"], d,
+    y, state = gated_ops.ssd_step(cache["state"], xs, dt.astype(jnp.float32), a, b, c, d,
                                   dt_bias=dt_bias, dt_softplus=True)
     return self._out(y, z), {"conv": conv_state, "state": state}
 
@@ -449,6 +449,6 @@ class LogLinearMamba2(Mamba2):
     xs, b, c = self._ssd_args(xbc)
     a, d, dt_bias = self._params()
     y, (s, pos) = loglinear_ops.loglinear_ssd_step(
-        xs, dt.astype(jnp.float32), a, b, c, self._levels(x), (cache["state"], cache["pos"]), d,
+        (cache["state"], cache["pos"]), xs, dt.astype(jnp.float32), a, b, c, self._levels(x), d,
         dt_bias=dt_bias, dt_softplus=True)
     return self._out(y, z), {"conv": conv_state, "state": s, "pos": pos}

@@ -93,7 +93,7 @@ class LinearAttention(mixer.Mixer):
 
   def _step(self, q, k, v, state):
     return linear_ops.linear_attention_step(
-        q, k, v, state, feature_map=self.feature_map, normalize=self.normalize,
+        state, q, k, v, feature_map=self.feature_map, normalize=self.normalize,
         projection=self._proj())
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
@@ -171,4 +171,4 @@ class ReBased(LinearAttention):
         chunk_size=self.chunk_size, segment_ids=segment_ids, context=cp.context())
 
   def _step(self, q, k, v, state):
-    return linear_ops.rebased_attention_step(q, k, v, state, self.gamma[...], self.beta[...])
+    return linear_ops.rebased_attention_step(state, q, k, v, self.gamma[...], self.beta[...])

@@ -173,7 +173,7 @@ class ShortConv(nnx.Module):
 
   def step(self, x: Array, state: Array) -> tuple[Array, Array]:
     """``x [B, C]``, ``state [B, W-1, C]`` -> ``(y [B, C], new_state)``."""
-    return conv_ops.causal_conv1d_step(x, state, self.weight[...].astype(x.dtype), self._bias(),
+    return conv_ops.causal_conv1d_step(state, x, self.weight[...].astype(x.dtype), self._bias(),
                                        activation=self.activation)
 
 

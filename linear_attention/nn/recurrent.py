@@ -99,7 +99,7 @@ class Mamba(mixer.Mixer):
     x, conv_state = self.conv.step(x, cache["conv"])
     dt, b, c = self._ssm_inputs(x)
     a, d, dt_bias = self._params()
-    y, state = ssm_ops.selective_scan_step(x, dt, a, b, c, d, z, state=cache["state"],
+    y, state = ssm_ops.selective_scan_step(cache["state"], x, dt, a, b, c, d, z,
                                            dt_bias=dt_bias, dt_softplus=True)
     return self.out_proj(y), {"conv": conv_state, "state": state}
 
@@ -183,8 +183,8 @@ class HawkBlock(mixer.Mixer):
     h, conv_state = self.conv.step(self.x_proj(x), cache["conv"])
     args = (h, self.gate_r(h), self.gate_i(h), self.log_lambda[...])
     # Both branches are cheap; the first token of a document has no normaliser.
-    h_first, s_first = rglru_ops.rg_lru_step(*args, None, c=self.c)
-    h_next, s_next = rglru_ops.rg_lru_step(*args, cache["state"], c=self.c)
+    h_first, s_first = rglru_ops.rg_lru_step(None, *args, c=self.c)
+    h_next, s_next = rglru_ops.rg_lru_step(cache["state"], *args, c=self.c)
     first = cache["pos"] == 0
     h = jnp.where(first, h_first, h_next)
     state = jnp.where(first, s_first, s_next)
@@ -241,5 +241,5 @@ class S4DLayer(mixer.Mixer):
 
   def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
-    y, state = ssm_ops.s4d_step(x, *self._params(), state=cache["state"])
+    y, state = ssm_ops.s4d_step(cache["state"], x, *self._params())
     return self._out(y), {"state": state}

@@ -115,6 +115,6 @@ class MLSTM(mixer.Mixer):
     u, z = jnp.split(self.up_proj(x), 2, axis=-1)
     u_conv, conv = self.conv.step(u, cache["conv"])
     q, k, v, ig, fg = self._inputs(u, u_conv)
-    o, (c, n, m) = mlstm_step(q, k, v, ig, fg, (cache["C"], cache["n"], cache["m"]),
+    o, (c, n, m) = mlstm_step((cache["C"], cache["n"], cache["m"]), q, k, v, ig, fg,
                               forget_gate=self.forget_gate)
     return self._out(o, u_conv, z), {"conv": conv, "C": c, "n": n, "m": m}

@@ -5,6 +5,24 @@ key_dim, value_dim]``; every causal op has ``parallel``, ``chunk`` and
 ``recurrent`` forms and a ``*_step`` function for decoding. The engines and
 their variants take ``context=`` (:class:`SeqContext`) to run with the sequence
 split over a mesh axis.
+
+Every ``*_step`` follows one convention::
+
+    out, new_state = foo_step(state, <foo's per-token arguments>, *, <foo's options>)
+
+``state`` comes first (``cache`` for the KV caches of
+:func:`sliding_window_step` and :func:`forgetting_attention_step`); the
+arguments after it are the sequence op's leading positional arguments, in the
+same order and with the same names, one token each (``[B, H, K]`` for
+``[B, T, H, K]``); the keyword options are the sequence op's. This is
+``lax.scan``'s ``f(carry, x)`` order::
+
+    step = lambda s, x: gla_step(s, *x)[::-1]   # scan wants (carry, y)
+    state, o = lax.scan(step, state, (q_t, k_t, v_t, log_g_t))  # time-major inputs
+
+``state`` is what the sequence op takes as ``initial_state`` and returns with
+``return_state=True``. A call in the order before this convention (``state``
+later) fails with a ValueError from the shape checks.
 """
 
 from linear_attention.ops.context import SeqContext

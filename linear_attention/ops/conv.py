@@ -178,8 +178,8 @@ def _context_conv(x, weight, bias, initial_state, segment_ids, *, context, retur
 
 
 def causal_conv1d_step(
-    x: Array,
     state: Array,
+    x: Array,
     weight: Array,
     bias: Array | None = None,
     *,
@@ -188,8 +188,8 @@ def causal_conv1d_step(
   """One token of :func:`causal_conv1d`.
 
   Args:
-    x: ``[B, D]`` the new token.
     state: ``[B, W - 1, D]`` the previous ``W - 1`` inputs, oldest first.
+    x: ``[B, D]`` the new token.
     weight: ``[W, D]``; bias: optional ``[D]``; activation: as in
       :func:`causal_conv1d`.
 
@@ -197,6 +197,7 @@ def causal_conv1d_step(
     ``(y, new_state)``: ``y`` ``[B, D]`` in the dtype of ``x``, ``new_state``
     ``[B, W - 1, D]`` float32.
   """
+  common.check_step_state_first(state, "[B, W - 1, D]", 3)
   common.check_rank("x", x, 2)
   w, d = _check_common("x", x, weight, bias, activation, 2)
   common.check_step_state("state", state, (x.shape[0], w - 1, d), "[B, W - 1, D]")

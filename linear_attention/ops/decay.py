@@ -148,10 +148,10 @@ def _forward(q, k, v, log_decay, initial_state, segment_ids, *, scale, form, chu
 
 
 def decay_linear_attention_step(
+    state: Array,
     q: Array,
     k: Array,
     v: Array,
-    state: Array,
     log_decay: Array | None = None,
     *,
     scale: float | None = None,
@@ -159,7 +159,8 @@ def decay_linear_attention_step(
   """One token of the recurrence: decay, add ``k v^T``, read with ``q``.
 
   Args:
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` (float32).
+    state: ``[B, H, K, V]`` (float32).
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``.
     log_decay: None, ``[B, H]`` or ``[B, H, K]``, values ``<= 0`` (sign
       checked for concrete values only, as in :func:`decay_linear_attention`).
     scale: output scale; ``None`` means ``K ** -0.5``.
@@ -171,6 +172,7 @@ def decay_linear_attention_step(
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
     state ``[B, H, K, V]`` in the state's dtype.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, dk, dv = common.check_step_qkv(q, k, v)
   common.check_step_state("state", state, (b, h, dk, dv), "[B, H, K, V]")
   common.check_log_decay(log_decay, b, h, dk)

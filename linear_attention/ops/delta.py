@@ -195,11 +195,11 @@ def _forward(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, for
 
 
 def delta_rule_step(
+    state: Array,
     q: Array,
     k: Array,
     v: Array,
     beta: Array,
-    state: Array,
     log_decay: Array | None = None,
     *,
     scale: float | None = None,
@@ -207,8 +207,8 @@ def delta_rule_step(
   """One token of the (gated) delta rule: decay, correct towards ``v``, read.
 
   Args:
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; beta: ``[B, H]`` in ``[0, 2]``.
     state: ``[B, H, K, V]`` (float32, or float64).
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``; beta: ``[B, H]`` in ``[0, 2]``.
     log_decay: None or ``[B, H]``, values ``<= 0`` (checked when concrete only).
     scale: output scale; ``None`` means ``K ** -0.5``.
 
@@ -216,6 +216,7 @@ def delta_rule_step(
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
     state ``[B, H, K, V]`` in the state's dtype.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, dk, dv = common.check_step_qkv(q, k, v)
   common.check_beta(beta, (b, h), "[B, H]")
   common.check_log_decay(log_decay, b, h, dk, per_channel=False)
@@ -374,24 +375,25 @@ def deltanet(
 
 
 def deltanet_step(
+    state: Array,
     q: Array,
     k: Array,
     v: Array,
     beta: Array,
-    state: Array,
     *,
     scale: float | None = None,
     normalize_qk: bool = False,
 ):
   """One DeltaNet token: ``S = (I - beta k k^T) S + beta k v^T``, ``o = scale S^T q``.
 
-  Schlag et al. 2021; Yang et al. 2024 (see :func:`deltanet`). q, k
-  ``[B, H, K]``, v ``[B, H, V]``, beta ``[B, H]``, state ``[B, H, K, V]``.
+  Schlag et al. 2021; Yang et al. 2024 (see :func:`deltanet`). state
+  ``[B, H, K, V]``, q, k ``[B, H, K]``, v ``[B, H, V]``, beta ``[B, H]``.
   Returns ``(o [B, H, V], new_state [B, H, K, V])``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   if normalize_qk:
     q, k = _l2_normalize(q), _l2_normalize(k)
-  return delta_rule_step(q, k, v, beta, state, scale=scale)
+  return delta_rule_step(state, q, k, v, beta, scale=scale)
 
 
 def gated_deltanet(
@@ -435,24 +437,25 @@ def gated_deltanet(
 
 
 def gated_deltanet_step(
+    state: Array,
     q: Array,
     k: Array,
     v: Array,
     beta: Array,
     log_decay: Array,
-    state: Array,
     *,
     scale: float | None = None,
     normalize_qk: bool = False,
 ):
   """One Gated DeltaNet token: ``S = exp(log_decay) (I - beta k k^T) S + beta k v^T``.
 
-  Yang et al. 2024, "Gated Delta Networks" (see :func:`gated_deltanet`). q, k
-  ``[B, H, K]``, v ``[B, H, V]``, beta and log_decay ``[B, H]``, state
-  ``[B, H, K, V]``. Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+  Yang et al. 2024, "Gated Delta Networks" (see :func:`gated_deltanet`). state
+  ``[B, H, K, V]``, q, k ``[B, H, K]``, v ``[B, H, V]``, beta and log_decay
+  ``[B, H]``. Returns ``(o [B, H, V], new_state [B, H, K, V])``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   if log_decay is None:
     raise ValueError("log_decay must be a [B, H] array for gated_deltanet_step, got None.")
   if normalize_qk:
     q, k = _l2_normalize(q), _l2_normalize(k)
-  return delta_rule_step(q, k, v, beta, state, log_decay, scale=scale)
+  return delta_rule_step(state, q, k, v, beta, log_decay, scale=scale)

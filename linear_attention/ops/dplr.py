@@ -427,12 +427,12 @@ def _chunk_block(qh, kh, vh, ah, bh, gh, seg, s0, c, seg_prev):
 
 
 def dplr_attention_step(
+    state: Array,
     q: Array,
     k: Array,
     v: Array,
     a: Array,
     b: Array,
-    state: Array,
     log_decay: Array | None = None,
     *,
     scale: float | None = None,
@@ -440,9 +440,9 @@ def dplr_attention_step(
   """One token of :func:`dplr_attention`: decay and correct (``R`` sub-steps), write, read.
 
   Args:
+    state: ``[B, H, K, V]`` float32 (or float64).
     q: ``[B, H, K]``; k, a, b: ``[B, H, K]`` or ``[B, H, R, K]``; v: ``[B, H, V]``
       or ``[B, H, R, V]``.
-    state: ``[B, H, K, V]`` float32 (or float64).
     log_decay: None, ``[B, H]`` or ``[B, H, K]``, values ``<= 0`` (checked when
       concrete only).
     scale: output scale; ``None`` means ``K ** -0.5``.
@@ -451,6 +451,7 @@ def dplr_attention_step(
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
     state ``[B, H, K, V]`` in the state's dtype.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
     common.check_float(name, x)
   common.check_rank("q", q, 3)
@@ -591,18 +592,20 @@ def rwkv7(
   return (o, state) if return_state else o
 
 
-def rwkv7_step(r: Array, k: Array, v: Array, state: Array, log_w: Array, kappa: Array,
+def rwkv7_step(state: Array, r: Array, k: Array, v: Array, log_w: Array, kappa: Array,
                a: Array, bonus: Array | None = None, *, scale: float | None = 1.0):
   """One token of :func:`rwkv7`.
 
   Args:
+    state: ``[B, H, K, V]`` float32 (``wkv^T``);
     r, k (``k_tilde``), kappa (``kappa_hat``), a: ``[B, H, K]``; v: ``[B, H, V]``;
-    state: ``[B, H, K, V]`` float32 (``wkv^T``); log_w: ``[B, H, K]`` (``<= 0``,
+    log_w: ``[B, H, K]`` (``<= 0``,
     checked when concrete); bonus: None or ``[H, K]``; scale: as in :func:`rwkv7`.
 
   Returns:
     ``(o [B, H, V] in the dtype of r, new_state [B, H, K, V])``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   bsz, h, dk, dv = common.check_step_qkv(r, k, v, names=("r", "k", "v"))
   common.check_step_state("state", state, (bsz, h, dk, dv), "[B, H, K, V]")
   _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, h))
@@ -678,15 +681,16 @@ def kda(
   return (o, state) if return_state else o
 
 
-def kda_step(q: Array, k: Array, v: Array, beta: Array, log_alpha: Array, state: Array, *,
+def kda_step(state: Array, q: Array, k: Array, v: Array, beta: Array, log_alpha: Array, *,
              scale: float | None = None, normalize_qk: bool = False):
   """One token of :func:`kda`: ``S = (I - beta k k^T) diag(alpha) S + beta k v^T``.
 
-  Args: q, k ``[B, H, K]``; v ``[B, H, V]``; beta ``[B, H]`` in ``[0, 2]``;
-  log_alpha ``[B, H, K]`` ``<= 0``; state ``[B, H, K, V]`` float32.
+  Args: state ``[B, H, K, V]`` float32; q, k ``[B, H, K]``; v ``[B, H, V]``;
+  beta ``[B, H]`` in ``[0, 2]``; log_alpha ``[B, H, K]`` ``<= 0``.
 
   Returns: ``(o [B, H, V] in the dtype of q, new_state [B, H, K, V])``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   bsz, h, dk, dv = common.check_step_qkv(q, k, v)
   common.check_beta(beta, (bsz, h), "[B, H]")
   common.check_log_decay(log_alpha, bsz, h, dk, name="log_alpha", per_head=False)
@@ -788,17 +792,18 @@ def gated_deltaproduct(
   return (o, state) if return_state else o
 
 
-def gated_deltaproduct_step(q: Array, k: Array, v: Array, beta: Array, log_decay: Array | None,
-                            state: Array, *, scale: float | None = None,
+def gated_deltaproduct_step(state: Array, q: Array, k: Array, v: Array, beta: Array,
+                            log_decay: Array | None = None, *, scale: float | None = None,
                             normalize_qk: bool = False):
   """One token of :func:`gated_deltaproduct`.
 
-  Args: q ``[B, H, K]``; k ``[B, H, R, K]``; v ``[B, H, R, V]``; beta
-  ``[B, H, R]`` in ``[0, 2]``; log_decay None or ``[B, H]`` ``<= 0``; state
-  ``[B, H, K, V]`` float32.
+  Args: state ``[B, H, K, V]`` float32; q ``[B, H, K]``; k ``[B, H, R, K]``;
+  v ``[B, H, R, V]``; beta ``[B, H, R]`` in ``[0, 2]``; log_decay None or
+  ``[B, H]`` ``<= 0``.
 
   Returns: ``(o [B, H, V] in the dtype of q, new_state [B, H, K, V])``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   common.check_float("q", q)
   common.check_rank("q", q, 3)
   bsz, h, dk = q.shape

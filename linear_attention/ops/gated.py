@@ -71,21 +71,23 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
       implementation=implementation, context=context)
 
 
-def gla_step(q: Array, k: Array, v: Array, state: Array, log_g: Array, *,
+def gla_step(state: Array, q: Array, k: Array, v: Array, log_g: Array, *,
              scale: float | None = None):
   """One decoding step of :func:`gla`.
 
   Args:
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` float32;
+    state: ``[B, H, K, V]`` float32;
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``;
     log_g: ``[B, H, K]`` (``<= 0``; the sign is checked as in :func:`gla`);
     scale: ``None`` means ``K ** -0.5``.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, dk, _ = common.check_step_qkv(q, k, v)
   common.check_log_decay(log_g, b, h, dk, name="log_g", per_head=False)
-  return decay.decay_linear_attention_step(q, k, v, state, log_g, scale=scale)
+  return decay.decay_linear_attention_step(state, q, k, v, log_g, scale=scale)
 
 
 # ------------------------------------------------------------------------ RetNet
@@ -144,20 +146,22 @@ def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
       implementation=implementation, context=context)
 
 
-def retention_step(q: Array, k: Array, v: Array, state: Array, *, gamma: Array | None = None,
+def retention_step(state: Array, q: Array, k: Array, v: Array, *, gamma: Array | None = None,
                    scale: float | None = None):
   """One decoding step of :func:`retention`.
 
   Args:
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` float32;
+    state: ``[B, H, K, V]`` float32;
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``;
     gamma: ``[H]`` or ``None`` (:func:`retnet_gammas`); scale: ``None`` means ``K ** -0.5``.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, _, _ = common.check_step_qkv(q, k, v)
   log_decay = jnp.broadcast_to(_retention_log_gamma(gamma, h), (b, h))
-  return decay.decay_linear_attention_step(q, k, v, state, log_decay, scale=scale)
+  return decay.decay_linear_attention_step(state, q, k, v, log_decay, scale=scale)
 
 
 # ------------------------------------------------------------------------- HGRN2
@@ -203,21 +207,22 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
       segment_ids=segment_ids, implementation=implementation, context=context)
 
 
-def hgrn2_step(q: Array, log_f: Array, v: Array, state: Array, *, scale: float | None = 1.0):
+def hgrn2_step(state: Array, q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0):
   """One decoding step of :func:`hgrn2`.
 
   Args:
+    state: ``[B, H, K, V]`` float32;
     q: ``[B, H, K]``; log_f: ``[B, H, K]`` (``<= 0``, checked as in :func:`hgrn2`);
-    v: ``[B, H, V]``;
-    state: ``[B, H, K, V]`` float32; scale: as in :func:`hgrn2`.
+    v: ``[B, H, V]``; scale: as in :func:`hgrn2`.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, dk, _ = common.check_step_qkv(q, q, v)
   common.check_log_decay(log_f, b, h, dk, name="log_f", per_head=False)
   return decay.decay_linear_attention_step(
-      q, _hgrn2_key(log_f, q.dtype), v, state, log_f, scale=scale)
+      state, q, _hgrn2_key(log_f, q.dtype), v, log_f, scale=scale)
 
 
 # ------------------------------------------------------------------------ RWKV-6
@@ -286,28 +291,29 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
   if not return_state:
     return o
   _, state = decay.decay_linear_attention_step(
-      r32[:, -1], k32[:, -1], v32[:, -1], state, log_w[:, -1], scale=scale)
+      state, r32[:, -1], k32[:, -1], v32[:, -1], log_w[:, -1], scale=scale)
   return o, state
 
 
-def rwkv6_step(r: Array, k: Array, v: Array, state: Array, log_w: Array, u: Array, *,
+def rwkv6_step(state: Array, r: Array, k: Array, v: Array, log_w: Array, u: Array, *,
                scale: float | None = 1.0):
   """One decoding step of :func:`rwkv6`: read with the bonus, then decay and add.
 
   Args:
-    r, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` float32
-    (``S_{t-1}``); log_w: ``[B, H, K]`` (``<= 0``, checked as in
+    state: ``[B, H, K, V]`` float32 (``S_{t-1}``);
+    r, k: ``[B, H, K]``; v: ``[B, H, V]``; log_w: ``[B, H, K]`` (``<= 0``, checked as in
     :func:`rwkv6`); u: ``[H, K]``;
     scale: as in :func:`rwkv6`.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``r``.
   """
+  common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, dk, _ = common.check_step_qkv(r, k, v, names=("r", "k", "v"))
   common.check_step_state("state", state, (b, h, dk, v.shape[-1]), "[B, H, K, V]")
   common.check_log_decay(log_w, b, h, dk, name="log_w", per_head=False)
   _check_param("u", u, (h, dk), "[H, K]")
-  _, new_state = decay.decay_linear_attention_step(r, k, v, state, log_w, scale=scale)
+  _, new_state = decay.decay_linear_attention_step(state, r, k, v, log_w, scale=scale)
   acc = state.dtype
   r32, k32, v32 = (x.astype(acc) for x in (r, k, v))
   read = state + (u.astype(acc) * k32)[..., None] * v32[..., None, :]
@@ -412,20 +418,22 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
   return (y, state) if return_state else y
 
 
-def ssd_step(x: Array, dt: Array, A: Array, B: Array, C: Array, state: Array,
+def ssd_step(state: Array, x: Array, dt: Array, A: Array, B: Array, C: Array,
              D: Array | None = None, *, dt_bias: Array | None = None,
              dt_softplus: bool = False, scale: float | None = 1.0):
   """One decoding step of :func:`ssd`.
 
   Args:
+    state: ``[batch, H, N, P]`` float32;
     x: ``[batch, H, P]``; dt: ``[batch, H]``; A: ``[H]``; B, C: ``[batch, G, N]``;
-    state: ``[batch, H, N, P]`` float32; D, dt_bias, dt_softplus, scale: as in
+    D, dt_bias, dt_softplus, scale: as in
     :func:`ssd` (sign checks for concrete values only).
 
   Returns:
     ``(y, new_state)``: ``y`` ``[batch, H, P]`` in the dtype of ``x``.
   """
+  common.check_step_state_first(state, "[batch, H, N, P]", 4)
   common.check_rank("x", x, 3)
   q, k, v, log_decay, skip = _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus)
-  y, state = decay.decay_linear_attention_step(q, k, v, state, log_decay, scale=scale)
+  y, state = decay.decay_linear_attention_step(state, q, k, v, log_decay, scale=scale)
   return (y + skip).astype(x.dtype), state

@@ -279,10 +279,10 @@ def _warn_if_underflowed(feature_map: str, den: Array, eps: float, stabilised: b
 
 
 def linear_attention_step(
+    state: Array,
     q: Array,
     k: Array,
     v: Array,
-    state: Array,
     *,
     feature_map: str = "elu",
     normalize: bool = True,
@@ -295,14 +295,16 @@ def linear_attention_step(
   """One causal decoding step of :func:`linear_attention`, O(1) in the position.
 
   Args:
-    q, k: ``[B, H, D]``; v: ``[B, H, V]``; state: ``[B, H, F, V']`` as
-      returned by ``linear_attention(..., return_state=True)`` (zeros for an
-      empty context). The feature-map arguments must match those of the call
-      that produced ``state`` (pass the same ``projection`` or ``key``).
+    state: ``[B, H, F, V']`` as returned by ``linear_attention(...,
+      return_state=True)`` (zeros for an empty context). The feature-map
+      arguments must match those of the call that produced ``state`` (pass the
+      same ``projection`` or ``key``).
+    q, k: ``[B, H, D]``; v: ``[B, H, V]``.
 
   Returns:
     ``(o, new_state)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
+  common.check_step_state_first(state, "[B, H, F, V + 1]", 4)
   b, h, _, dv = common.check_step_qkv(q, k, v)
   # F (the feature width) is checked by the engine's step once phi is known.
   common.check_step_state("state", state, (b, h, None, dv + 1 if normalize else dv),
@@ -312,7 +314,7 @@ def linear_attention_step(
       projection=projection, normalize=normalize)
   vv = v.astype(phi_q.dtype)  # the engine step computes in the state's dtype
   vv = _with_ones(vv) if normalize else vv
-  out, state = decay.decay_linear_attention_step(phi_q, phi_k, vv, state, scale=engine_scale)
+  out, state = decay.decay_linear_attention_step(state, phi_q, phi_k, vv, scale=engine_scale)
   o = _divide(out, eps) if normalize else out
   return o.astype(q.dtype), state
 
@@ -368,17 +370,18 @@ def rebased_attention(
       segment_ids=segment_ids, implementation=implementation, context=context)
 
 
-def rebased_attention_step(q: Array, k: Array, v: Array, state: Array, gamma: Array,
+def rebased_attention_step(state: Array, q: Array, k: Array, v: Array, gamma: Array,
                            beta: Array, *, norm_eps: float = 1e-5, eps: float = DEFAULT_EPS):
   """One causal decoding step of :func:`rebased_attention`.
 
   Args:
-    q, k: ``[B, H, D]``; v: ``[B, H, V]``; state: ``[B, H, D (D + 1) / 2, V + 1]``
-      (zeros for an empty context); gamma, beta: ``[D]`` or ``[H, D]``.
+    state: ``[B, H, D (D + 1) / 2, V + 1]`` (zeros for an empty context);
+    q, k: ``[B, H, D]``; v: ``[B, H, V]``; gamma, beta: ``[D]`` or ``[H, D]``.
 
   Returns:
     ``(o, new_state)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
+  common.check_step_state_first(state, "[B, H, F, V + 1]", 4)
   common.check_step_qkv(q, k, v)
   qn, kn = _rebased_qk(q, k, gamma, beta, norm_eps)
-  return linear_attention_step(qn, kn, v, state, feature_map="squared", eps=eps)
+  return linear_attention_step(state, qn, kn, v, feature_map="squared", eps=eps)

@@ -462,20 +462,21 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | N
   return (o, (state, pos.astype(jnp.float32))) if return_state else o
 
 
-def loglinear_decay_step(q: Array, k: Array, v: Array, state: tuple[Array, Array],
+def loglinear_decay_step(state: tuple[Array, Array], q: Array, k: Array, v: Array,
                          log_decay: Array | None, level_weights: Array, *,
                          scale: float | None = None):
   """One decoding step of :func:`loglinear_decay_attention`.
 
   Args:
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; state: ``(S [B, H, L, K, V],
-      position [B])`` float32; log_decay: ``[B, H]`` or ``[B, H, K]`` (``<= 0``)
-      or ``None``;
+    state: ``(S [B, H, L, K, V], position [B])`` float32;
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``; log_decay: ``[B, H]`` or
+      ``[B, H, K]`` (``<= 0``) or ``None``;
     level_weights: ``[B, H, L]``; scale: ``None`` means ``K ** -0.5``.
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
+  common.check_step_state_first(state, "(S [B, H, L, K, V], position [B])", 5, 1)
   b, h, dk, dv = common.check_step_qkv(q, k, v)
   common.check_log_decay(log_decay, b, h, dk)
   if log_decay is None:
@@ -539,23 +540,24 @@ def loglinear_ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, level_weigh
   return (y, state) if return_state else y
 
 
-def loglinear_ssd_step(x: Array, dt: Array, A: Array, B: Array, C: Array, level_weights: Array,
-                       state: tuple[Array, Array], D: Array | None = None, *,
+def loglinear_ssd_step(state: tuple[Array, Array], x: Array, dt: Array, A: Array, B: Array,
+                       C: Array, level_weights: Array, D: Array | None = None, *,
                        dt_bias: Array | None = None, dt_softplus: bool = False,
                        scale: float | None = 1.0):
   """One decoding step of :func:`loglinear_ssd`.
 
   Args:
+    state: ``(S [batch, H, L, N, P], position [batch])`` float32;
     x: ``[batch, H, P]``; dt: ``[batch, H]``; A: ``[H]``; B, C: ``[batch, G, N]``;
-    level_weights: ``[batch, H, L]``; state: ``(S [batch, H, L, N, P],
-    position [batch])`` float32; D, dt_bias, dt_softplus, scale: as in :func:`loglinear_ssd`.
+    level_weights: ``[batch, H, L]``; D, dt_bias, dt_softplus, scale: as in :func:`loglinear_ssd`.
 
   Returns:
     ``(y, new_state)``: ``y`` ``[batch, H, P]`` in the dtype of ``x``.
   """
+  common.check_step_state_first(state, "(S [batch, H, L, N, P], position [batch])", 5, 1)
   common.check_rank("x", x, 3)
   q, k, v, log_decay, skip = gated._ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus)
-  y, state = loglinear_decay_step(q, k, v, state, log_decay, level_weights, scale=scale)
+  y, state = loglinear_decay_step(state, q, k, v, log_decay, level_weights, scale=scale)
   return (y + skip).astype(x.dtype), state
 
 
@@ -581,10 +583,11 @@ def loglinear_gla(q: Array, k: Array, v: Array, log_g: Array, level_weights: Arr
       implementation=implementation)
 
 
-def loglinear_gla_step(q: Array, k: Array, v: Array, state: tuple[Array, Array], log_g: Array,
+def loglinear_gla_step(state: tuple[Array, Array], q: Array, k: Array, v: Array, log_g: Array,
                        level_weights: Array, *, scale: float | None = None):
-  """One decoding step of :func:`loglinear_gla`: ``log_g [B, H, K]``, ``level_weights
-  [B, H, L]``, the state as in :func:`loglinear_decay_step`."""
+  """One decoding step of :func:`loglinear_gla`: the state as in
+  :func:`loglinear_decay_step`, ``log_g [B, H, K]``, ``level_weights [B, H, L]``."""
+  common.check_step_state_first(state, "(S [B, H, L, K, V], position [B])", 5, 1)
   b, h, dk, _ = common.check_step_qkv(q, k, v)
   common.check_log_decay(log_g, b, h, dk, name="log_g", per_head=False)
-  return loglinear_decay_step(q, k, v, state, log_g, level_weights, scale=scale)
+  return loglinear_decay_step(state, q, k, v, log_g, level_weights, scale=scale)

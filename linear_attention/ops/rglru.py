@@ -136,21 +136,21 @@ def rg_lru(
 
 
 def rg_lru_step(
+    state: Array | None,
     x: Array,
     gate_r: Array,
     gate_i: Array,
     log_lambda_param: Array,
-    state: Array | None = None,
     *,
     c: float = 8.0,
 ):
   """One token of :func:`rg_lru`.
 
   Args:
-    x, gate_r, gate_i: ``[B, D]``.
-    log_lambda_param: ``[D]``.
     state: ``[B, D]`` float32, or None for the first token of a document
       (state zero, normaliser 1).
+    x, gate_r, gate_i: ``[B, D]``.
+    log_lambda_param: ``[D]``.
     c: the temperature.
 
   Returns:

@@ -754,8 +754,8 @@ def forgetting_step_bias(total: Array, log_forget: Array) -> Array:
   return (total[:, :, None] - jnp.swapaxes(log_forget, 1, 2))[:, None]
 
 
-def forgetting_attention_step(q: Array, k: Array, v: Array, log_fgate: Array,
-                              cache: ForgettingCache, *, scale: float | None = None):
+def forgetting_attention_step(cache: ForgettingCache, q: Array, k: Array, v: Array,
+                              log_fgate: Array, *, scale: float | None = None):
   """One decoding step of :func:`forgetting_attention`.
 
   Adds the gate to the running ``D``, writes ``k, v`` and ``D`` at slot
@@ -763,20 +763,20 @@ def forgetting_attention_step(q: Array, k: Array, v: Array, log_fgate: Array,
   Stepping through a sequence equals ``forgetting_attention`` on it.
 
   Args:
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; log_fgate: ``[B, H]`` (``<= 0``).
     cache: from :func:`init_forgetting_cache` with ``max_len`` at least the
       number of tokens to decode. Past it an eager call raises; under ``jit``
       the position cannot be checked and the last slot is overwritten.
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``; log_fgate: ``[B, H]`` (``<= 0``).
     scale: logit scale; ``None`` means ``K ** -0.5``.
 
   Returns:
     ``(o, new_cache)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
-  b, h, dk, dv = common.check_step_qkv(q, k, v)
-  common.check_log_decay(log_fgate, b, h, dk, name="log_fgate", per_channel=False)
   if not isinstance(cache, ForgettingCache):
     raise ValueError("cache must be a ForgettingCache (from init_forgetting_cache), got "
                      f"{type(cache).__name__}.")
+  b, h, dk, dv = common.check_step_qkv(q, k, v)
+  common.check_log_decay(log_fgate, b, h, dk, name="log_fgate", per_channel=False)
   length = cache.keys.shape[1]
   common.check_shape("cache.keys", cache.keys, (b, length, h, dk), "[B, max_len, H, K]")
   common.check_shape("cache.values", cache.values, (b, length, h, dv), "[B, max_len, H, V]")

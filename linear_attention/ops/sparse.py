@@ -193,7 +193,7 @@ def init_sliding_window_cache(batch: int, heads: int, window: int, key_dim: int,
                             jnp.zeros((), jnp.int32))
 
 
-def sliding_window_step(q: Array, k: Array, v: Array, cache: SlidingWindowCache, *,
+def sliding_window_step(cache: SlidingWindowCache, q: Array, k: Array, v: Array, *,
                         window: int, scale: float | None = None):
   """One decoding step of causal sliding-window attention.
 
@@ -202,20 +202,20 @@ def sliding_window_step(q: Array, k: Array, v: Array, cache: SlidingWindowCache,
   sequence equals ``sliding_window_attention(..., causal=True)``.
 
   Args:
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; cache: from
-      :func:`init_sliding_window_cache` with ``W == window``.
+    cache: from :func:`init_sliding_window_cache` with ``W == window``.
+    q, k: ``[B, H, K]``; v: ``[B, H, V]``.
     window: the window length.
     scale: logit scale; ``None`` means ``K ** -0.5``.
 
   Returns:
     ``(o, new_cache)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
   """
-  b, h, dk, dv = common.check_step_qkv(q, k, v)
-  common.check_positive_int("window", window)
   if not isinstance(cache, SlidingWindowCache):
     raise ValueError(
         "cache must be a SlidingWindowCache (from init_sliding_window_cache), got "
         f"{type(cache).__name__}.")
+  b, h, dk, dv = common.check_step_qkv(q, k, v)
+  common.check_positive_int("window", window)
   common.check_shape("cache.keys", cache.keys, (b, window, h, dk), "[B, window, H, K]")
   common.check_shape("cache.values", cache.values, (b, window, h, dv), "[B, window, H, V]")
   scale = common.resolve_scale(scale, dk)

@@ -316,6 +316,7 @@ def _s4d_impl(u, A_real, A_imag, B, C, log_dt, D, initial_state, segment_ids, *,
 
 
 def s4d_step(
+    state: Array | None,
     u: Array,
     A_real: Array,
     A_imag: Array,
@@ -323,14 +324,12 @@ def s4d_step(
     C: Array,
     log_dt: Array,
     D: Array | None = None,
-    *,
-    state: Array | None = None,
 ):
   """One token of a causal :func:`s4d`.
 
   Args:
-    u: ``[B, D]``; A_real, A_imag, B, C: ``[D, N]``; log_dt: ``[D]``; D: optional ``[D]``.
     state: ``[B, D, N]`` complex, or None (zeros).
+    u: ``[B, D]``; A_real, A_imag, B, C: ``[D, N]``; log_dt: ``[D]``; D: optional ``[D]``.
 
   Returns:
     ``(y, new_state)``: ``y`` ``[B, D]`` in the dtype of ``u``, ``new_state``
@@ -563,6 +562,7 @@ def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids, chunk_size):
 
 
 def selective_scan_step(
+    state: Array | None,
     x: Array,
     dt: Array,
     A: Array,
@@ -571,16 +571,15 @@ def selective_scan_step(
     D: Array | None = None,
     z: Array | None = None,
     *,
-    state: Array | None = None,
     dt_bias: Array | None = None,
     dt_softplus: bool = True,
 ):
   """One token of :func:`selective_scan`.
 
   Args:
+    state: ``[B, D, N]`` float32, or None (zeros).
     x, dt: ``[B, D]``; A: ``[D, N]``; B, C: ``[B, N]`` or ``[B, G, N]``;
     D: optional ``[D]``; z: optional ``[B, D]``.
-    state: ``[B, D, N]`` float32, or None (zeros).
     dt_bias, dt_softplus: as in :func:`selective_scan`.
 
   Returns:

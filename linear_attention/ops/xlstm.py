@@ -245,20 +245,20 @@ def _recurrent(q, k, v, i_gate, f_gate, s0, starts, *, forget_gate, scale):
   return jnp.moveaxis(o, 0, 1), state
 
 
-def mlstm_step(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array,
-               state: tuple[Array, Array, Array], *, forget_gate: str = "sigmoid",
-               scale: float | None = None):
+def mlstm_step(state: tuple[Array, Array, Array], q: Array, k: Array, v: Array, i_gate: Array,
+               f_gate: Array, *, forget_gate: str = "sigmoid", scale: float | None = None):
   """One decoding step of :func:`mlstm`.
 
   Args:
+    state: ``(C [B, H, K, V], n [B, H, K], m [B, H])`` float32 (or float64);
     q, k: ``[B, H, K]``; v: ``[B, H, V]``; i_gate, f_gate: ``[B, H]``
-      pre-activations; state: ``(C [B, H, K, V], n [B, H, K], m [B, H])``
-      float32 (or float64); forget_gate, scale: as in :func:`mlstm`.
+      pre-activations; forget_gate, scale: as in :func:`mlstm`.
 
   Returns:
     ``(h, new_state)``: ``h`` ``[B, H, V]`` in the dtype of ``q``, the state
     in its own dtype.
   """
+  common.check_step_state_first(state, "(C [B, H, K, V], n [B, H, K], m [B, H])", 4, 3, 2)
   b, h, dk, dv = common.check_step_qkv(q, k, v)
   _check_gates(i_gate, f_gate, (b, h), forget_gate)
   _check_state("state", state, b, h, dk, dv, step=True)

@@ -11,7 +11,7 @@ compare it with:
 * ``reference(arrays, s0, seg)``: the same computation written plainly here,
   in float32, token by token (a ``lax.scan`` over ``t``) for recurrences and
   with a dense ``T x T`` mask for attention;
-* ``step(arrays_t, state)``: the ``*_step`` function on one token, if any;
+* ``step(state, arrays_t)``: the ``*_step`` function on one token, if any;
 * capabilities: the forms, whether the op takes an initial state and packed
   segments, which array is a log gate, the lengths it accepts.
 
@@ -201,7 +201,7 @@ DECAY = OpSpec(
     run=lambda a, form, s0, seg: ops.decay_linear_attention(
         *a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_decay, forms=("parallel", "chunk", "recurrent"), make_state=_qk_state,
-    step=lambda a, s: ops.decay_linear_attention_step(a[0], a[1], a[2], s, a[3]),
+    step=lambda s, a: ops.decay_linear_attention_step(s, *a),
     log_gate=3)
 
 # The engine's per-head decay runs through retention and ssd below.
@@ -237,7 +237,7 @@ LINEAR = OpSpec(
     reference=ref_linear, forms=("parallel", "chunk", "recurrent"),
     # A positive state keeps the normaliser away from zero.
     make_state=lambda rng, a: jnp.abs(normal(rng, (B, H, K, V + 1))),
-    step=lambda a, s: ops.linear_attention_step(*a, s))
+    step=lambda s, a: ops.linear_attention_step(s, *a))
 
 
 # ------------------------------------- polynomial kernels: Based and ReBased
@@ -291,7 +291,7 @@ BASED = OpSpec(
                                                       **_kw(form, s0, seg)),
     reference=ref_based, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: _kernel_state(_taylor, rng),
-    step=lambda a, s: ops.linear_attention_step(*a, s, feature_map="taylor"))
+    step=lambda s, a: ops.linear_attention_step(s, *a, feature_map="taylor"))
 
 
 def _layer_norm(x, gamma, beta, eps=1e-5):
@@ -329,7 +329,7 @@ REBASED = OpSpec(
     reference=ref_rebased, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: _kernel_state(
         lambda x: _packed_square(_layer_norm(x, a[3], a[4])) / np.sqrt(K), rng),
-    step=lambda a, s: ops.rebased_attention_step(a[0], a[1], a[2], s, a[3], a[4]),
+    step=lambda s, a: ops.rebased_attention_step(s, *a),
     bad=_rebased_bad)
 
 
@@ -343,7 +343,7 @@ def ref_gla(arrays, s0, seg):
 GLA = dataclasses.replace(
     DECAY, name="gla", names=("q", "k", "v", "log_g"), reference=ref_gla,
     run=lambda a, form, s0, seg: ops.gla(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
-    step=lambda a, s: ops.gla_step(a[0], a[1], a[2], s, a[3]))
+    step=lambda s, a: ops.gla_step(s, *a))
 
 
 def ref_retention(arrays, s0, seg):
@@ -359,7 +359,7 @@ RETENTION = OpSpec(
     run=lambda a, form, s0, seg: ops.retention(*a[:3], gamma=a[3], chunk_size=CHUNK,
                                                **_kw(form, s0, seg)),
     reference=ref_retention, forms=("parallel", "chunk", "recurrent"), make_state=_qk_state,
-    step=lambda a, s: ops.retention_step(a[0], a[1], a[2], s, gamma=a[3]))
+    step=lambda s, a: ops.retention_step(s, *a[:3], gamma=a[3]))
 
 
 def ref_hgrn2(arrays, s0, seg):
@@ -381,7 +381,7 @@ HGRN2 = OpSpec(
     timed=(True, True, True),
     run=lambda a, form, s0, seg: ops.hgrn2(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_hgrn2, forms=("parallel", "chunk", "recurrent"), make_state=_qk_state,
-    step=lambda a, s: ops.hgrn2_step(*a, s), log_gate=1)
+    step=lambda s, a: ops.hgrn2_step(s, *a), log_gate=1)
 
 
 def ref_rwkv6(arrays, s0, seg):
@@ -404,7 +404,7 @@ RWKV6 = OpSpec(
     timed=(True, True, True, True, False),
     run=lambda a, form, s0, seg: ops.rwkv6(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_rwkv6, forms=("parallel", "chunk", "recurrent"), make_state=_qk_state,
-    step=lambda a, s: ops.rwkv6_step(a[0], a[1], a[2], s, a[3], a[4]), log_gate=3)
+    step=lambda s, a: ops.rwkv6_step(s, *a), log_gate=3)
 
 
 SSD_GROUPS = 1  # heads 2 share one group of B and C
@@ -434,7 +434,7 @@ SSD = OpSpec(
     run=lambda a, form, s0, seg: ops.ssd(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_ssd, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: normal(rng, (B, H, K, V)),
-    step=lambda a, s: ops.ssd_step(*a[:5], s, a[5]), log_gate=2)
+    step=lambda s, a: ops.ssd_step(s, *a), log_gate=2)
 
 
 # ---------------------------------------------------------------- delta rule
@@ -469,14 +469,14 @@ GATED_DELTANET = OpSpec(
     run=lambda a, form, s0, seg: ops.gated_deltanet(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_delta, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
-    step=lambda a, s: ops.gated_deltanet_step(*a, s), log_gate=4,
+    step=lambda s, a: ops.gated_deltanet_step(s, *a), log_gate=4,
     rtol=1e-4, atol=1e-4)
 
 DELTANET = dataclasses.replace(
     GATED_DELTANET, name="deltanet", names=("q", "k", "v", "beta"),
     make=lambda rng, t, dtype: _make_delta(rng, t, dtype, gated=False), timed=(True,) * 4,
     run=lambda a, form, s0, seg: ops.deltanet(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
-    step=lambda a, s: ops.deltanet_step(*a, s), log_gate=None)
+    step=lambda s, a: ops.deltanet_step(s, *a), log_gate=None)
 
 
 # ------------------------------------------- diagonal plus low rank (ops/dplr.py)
@@ -508,7 +508,7 @@ RWKV7 = OpSpec(
     run=lambda a, form, s0, seg: ops.rwkv7(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_rwkv7, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
-    step=lambda a, s: ops.rwkv7_step(a[0], a[1], a[2], s, *a[3:]), log_gate=3,
+    step=lambda s, a: ops.rwkv7_step(s, *a), log_gate=3,
     rtol=1e-4, atol=1e-4)
 
 
@@ -536,7 +536,7 @@ KDA = OpSpec(
     run=lambda a, form, s0, seg: ops.kda(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_kda, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
-    step=lambda a, s: ops.kda_step(*a, s), log_gate=4, rtol=1e-4, atol=1e-4)
+    step=lambda s, a: ops.kda_step(s, *a), log_gate=4, rtol=1e-4, atol=1e-4)
 
 HOUSEHOLDER = 2  # Gated DeltaProduct's steps per token
 
@@ -569,7 +569,7 @@ GATED_DELTAPRODUCT = OpSpec(
                                                         **_kw(form, s0, seg)),
     reference=ref_gated_deltaproduct, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
-    step=lambda a, s: ops.gated_deltaproduct_step(*a, s), log_gate=4, rtol=1e-4, atol=1e-4)
+    step=lambda s, a: ops.gated_deltaproduct_step(s, *a), log_gate=4, rtol=1e-4, atol=1e-4)
 
 def ref_dplr(arrays, s0, seg):
   """Per token: ``S = (diag(exp(g)) + a_0 b_0^T) S + k_0 v_0^T``, then the other sub-steps
@@ -598,7 +598,7 @@ DPLR = OpSpec(
     run=lambda a, form, s0, seg: ops.dplr_attention(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_dplr, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: normal(rng, (B, H, K, V), scale=0.5),
-    step=lambda a, s: ops.dplr_attention_step(*a[:5], s, a[5]), log_gate=5,
+    step=lambda s, a: ops.dplr_attention_step(s, *a), log_gate=5,
     rtol=1e-4, atol=1e-4)
 
 
@@ -653,7 +653,7 @@ RG_LRU = OpSpec(
                                  for k, w in _kw(form, s0, seg).items()}),
     reference=ref_rg_lru, forms=("chunk", "associative", "recurrent"),
     make_state=lambda rng, a: normal(rng, (B, 4)), state_name="h0",
-    step=lambda a, s: ops.rg_lru_step(*a, s))
+    step=lambda s, a: ops.rg_lru_step(s, *a))
 
 
 def _selective_bc(p, d):
@@ -688,7 +688,7 @@ SELECTIVE_SCAN = OpSpec(
                                                     **_kw(form, s0, seg)),
     reference=ref_selective, forms=("chunk", "associative", "recurrent", "decay"),
     make_state=lambda rng, a: normal(rng, (B, 4, 3)),
-    step=lambda a, s: ops.selective_scan_step(*a[:7], state=s, dt_bias=a[7]),
+    step=lambda s, a: ops.selective_scan_step(s, *a[:7], dt_bias=a[7]),
     log_gate=2, rtol=1e-4, atol=1e-4)
 
 
@@ -735,7 +735,7 @@ S4D = OpSpec(
     reference=lambda a, s0, seg: _split(ref_s4d(a, _complex(s0), seg)),
     forms=("fft", "chunk", "associative", "recurrent"),
     make_state=lambda rng, a: (normal(rng, (B, 3, 4)), normal(rng, (B, 3, 4))),
-    step=lambda a, s: _split(ops.s4d_step(*a, state=_complex(s))),
+    step=lambda s, a: _split(ops.s4d_step(_complex(s), *a)),
     # A complex state cannot be made int32 or float16 through (real, imag):
     # test_ssm checks the dtype of S4D's state.
     step_state_checked=False,
@@ -768,7 +768,7 @@ CONV = OpSpec(
     timed=(True, False, False),
     run=lambda a, form, s0, seg: ops.causal_conv1d(*a, activation="silu", **_kw(form, s0, seg)),
     reference=ref_conv, make_state=lambda rng, a: normal(rng, (B, CONV_WIDTH - 1, 3)),
-    step=lambda a, s: ops.causal_conv1d_step(a[0], s, a[1], a[2], activation="silu"),
+    step=lambda s, a: ops.causal_conv1d_step(s, *a, activation="silu"),
     rtol=1e-5, atol=1e-5)
 
 
@@ -831,7 +831,7 @@ FORGETTING = OpSpec(
     run=lambda a, form, s0, seg: (ops.forgetting_attention(
         *a, algorithm=form, block_size=CHUNK, segment_ids=seg), None),
     reference=ref_forgetting, forms=("naive", "blockwise"), log_gate=3,
-    step=lambda a, cache: ops.forgetting_attention_step(*a, cache), step_state_checked=False,
+    step=lambda cache, a: ops.forgetting_attention_step(cache, *a), step_state_checked=False,
     step_state=lambda a: ops.init_forgetting_cache(a[0].shape[0], H, a[0].shape[1], K, V),
     rtol=1e-4, atol=1e-5)
 
@@ -850,9 +850,8 @@ def ref_sliding_window(arrays, s0, seg):
   return masked_softmax(*arrays, window_mask(t) & same_segment(seg, b, t)), None
 
 
-def _sliding_step(a, cache):
-  o, cache = ops.sliding_window_step(*a, cache, window=WINDOW)
-  return o, cache
+def _sliding_step(cache, a):
+  return ops.sliding_window_step(cache, *a, window=WINDOW)
 
 
 SLIDING_WINDOW = OpSpec(
@@ -982,7 +981,7 @@ MLSTM = OpSpec(
     reference=ref_mlstm, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: (normal(rng, (B, H, K, V)), normal(rng, (B, H, K)),
                                normal(rng, (B, H))),
-    step=lambda a, s: ops.mlstm_step(*a, s))
+    step=lambda s, a: ops.mlstm_step(s, *a))
 
 MLSTM_EXP = dataclasses.replace(
     MLSTM, name="mlstm_exp",
@@ -990,7 +989,7 @@ MLSTM_EXP = dataclasses.replace(
     run=lambda a, form, s0, seg: ops.mlstm(*a, forget_gate="exp", chunk_size=CHUNK,
                                            **_kw(form, s0, seg)),
     reference=lambda a, s0, seg: ref_mlstm(a, s0, seg, forget_gate="exp"),
-    step=lambda a, s: ops.mlstm_step(*a, s, forget_gate="exp"))
+    step=lambda s, a: ops.mlstm_step(s, *a, forget_gate="exp"))
 
 
 # ------------------------------------------------------------ log-linear attention
@@ -1071,7 +1070,7 @@ LOGLINEAR_SSD = OpSpec(
                                                    **_kw(form, s0, seg)),
     reference=ref_loglinear_ssd, forms=("parallel", "chunk", "recurrent"),
     make_state=lambda rng, a: _loglinear_state(rng, a, K, V),
-    step=lambda a, s: ops.loglinear_ssd_step(*a[:6], s, a[6]), log_gate=2)
+    step=lambda s, a: ops.loglinear_ssd_step(s, *a), log_gate=2)
 
 LOGLINEAR_GLA = OpSpec(
     name="loglinear_gla", names=("q", "k", "v", "log_g", "level_weights"),
@@ -1081,7 +1080,7 @@ LOGLINEAR_GLA = OpSpec(
     run=lambda a, form, s0, seg: ops.loglinear_gla(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=lambda a, s0, seg: ref_loglinear(a, s0, seg), forms=("parallel", "chunk", "recurrent"),
     make_state=_loglinear_state,
-    step=lambda a, s: ops.loglinear_gla_step(a[0], a[1], a[2], s, a[3], a[4]), log_gate=3)
+    step=lambda s, a: ops.loglinear_gla_step(s, *a), log_gate=3)
 
 
 SPECS = (DECAY, LINEAR, GLA, RETENTION, HGRN2, RWKV6, SSD, GATED_DELTANET,

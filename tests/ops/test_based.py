@@ -123,7 +123,7 @@ def test_rebased_step_continues_a_prefill():
   gamma, beta = jnp.full((D,), 0.8), jnp.full((D,), 0.5)
   o, state = ops.rebased_attention(q[:, :8], k[:, :8], v[:, :8], gamma, beta, return_state=True)
   assert state.shape == (B, H, D * (D + 1) // 2, V + 1) and state.dtype == jnp.float32
-  o_t, _ = ops.rebased_attention_step(q[:, 8], k[:, 8], v[:, 8], state, gamma, beta)
+  o_t, _ = ops.rebased_attention_step(state, q[:, 8], k[:, 8], v[:, 8], gamma, beta)
   assert_close(o_t, ops.rebased_attention(q, k, v, gamma, beta)[:, 8], 1e-4, 1e-5)
 
 

@@ -53,7 +53,7 @@ def test_ssd_refuses_nan_in_A_and_dt_under_their_names(op):
       return ops.ssd(x, dt, A, B, C)
     if op == "ssd_step":
       state = jnp.zeros((1, 2, 3, 4))
-      return ops.ssd_step(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], state)
+      return ops.ssd_step(state, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
     levels = jnp.ones((1, 8, 2, 4))  # one weight per Fenwick level
     return ops.loglinear_ssd(x, dt, A, B, C, levels)
 

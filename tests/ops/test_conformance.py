@@ -131,7 +131,7 @@ def test_steps_equal_the_sequence(spec):
   step = jax.jit(spec.step)
   outs = []
   for i in range(t):
-    o, state = step(spec.at(arrays, i), state)
+    o, state = step(state, spec.at(arrays, i))
     assert o.dtype == arrays[0].dtype
     outs.append(o)
   helpers.assert_close(jnp.stack(outs, 1), want_o, spec.rtol, spec.atol)
@@ -251,7 +251,7 @@ def _step_cases(spec):
   arrays, s0 = _inputs(spec, 2, 8)
   x = spec.at(arrays, 0)
   state = s0 if s0 is not None else spec.step_state(arrays)
-  step = lambda a=x, s=state: spec.step(a, s)
+  step = lambda a=x, s=state: spec.step(s, a)
   each = lambda f: jax.tree_util.tree_map(f, state)  # a state may be a tuple of arrays
   name = spec.names[0]
   cases = [("step: integer input", lambda: step((x[0].astype(jnp.int32),) + x[1:]),

@@ -96,7 +96,7 @@ def test_bad_inputs():
   with pytest.raises(ValueError, match="chunk_size must be an integer >= 1, got 0"):
     f(q, k, v, g, chunk_size=0)
   with pytest.raises(ValueError, match=r"log_decay must have shape \[2, 3\] \(\[B, H\]\)"):
-    ops.decay_linear_attention_step(q[:, 0], k[:, 0], v[:, 0], s0, g[:, 0, :1])
+    ops.decay_linear_attention_step(s0, q[:, 0], k[:, 0], v[:, 0], g[:, 0, :1])
 
 
 @pytest.mark.parametrize("decay", ["none", "vector"])

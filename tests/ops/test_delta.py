@@ -102,7 +102,7 @@ def test_normalize_qk_flag():
   got = delta.gated_deltanet(q, k, v, beta, g, normalize_qk=True, chunk_size=16)
   assert_close(got, delta.gated_deltanet(unit(q), unit(k), v, beta, g, chunk_size=16),
                rtol=1e-5, atol=1e-5)
-  o, _ = delta.deltanet_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], s0, normalize_qk=True)
+  o, _ = delta.deltanet_step(s0, q[:, 0], k[:, 0], v[:, 0], beta[:, 0], normalize_qk=True)
   seq = delta.deltanet(q, k, v, beta, normalize_qk=True, chunk_size=16, initial_state=s0)
   assert_close(o, seq[:, 0])
 
@@ -190,7 +190,7 @@ def _bad_calls():
       (lambda: dr(q, k, v[:, :, :1], beta), r"v must have shape"),
       (lambda: dr(q, k.astype(jnp.bfloat16), v, beta), r"must share one dtype"),
       (lambda: dr(q, k, v, beta, chunk_size=0), r"chunk_size must be an integer >= 1"),
-      (lambda: delta.delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0, :1], z),
+      (lambda: delta.delta_rule_step(z, q[:, 0], k[:, 0], v[:, 0], beta[:, 0, :1]),
        r"beta must have shape \[1, 2\]"),
       (lambda: delta.gated_deltanet(q, k, v, beta, None), r"log_decay must be a \[B, T, H\]"),
   ]

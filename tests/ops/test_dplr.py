@@ -156,7 +156,7 @@ def test_engine_general_rank_against_a_plain_scan(r):
   # The step function, token by token, from the same state (first 5 tokens, one segment).
   state = s0
   for i in range(5):
-    o_t, state = ops.dplr_attention_step(q[:, i], k[:, i], v[:, i], a[:, i], b[:, i], state,
+    o_t, state = ops.dplr_attention_step(state, q[:, i], k[:, i], v[:, i], a[:, i], b[:, i],
                                          g[:, i])
     helpers.assert_close(o_t, want_o[:, i], 2e-4, 2e-4, f"step {i}")
 
@@ -288,8 +288,8 @@ def test_bad_inputs_name_the_argument():
        r"\bbonus must have shape"),
       (lambda: ops.rwkv7(q, k[:, :, :, 0], v[:, :, :, 0], jnp.zeros((B, t, H, K)),
                          a[:, :, :, 0, :4], a[:, :, :, 0]), r"\bkappa must have shape"),
-      (lambda: ops.dplr_attention_step(q[:, 0], k[:, 0], v[:, 0], a[:, 0, :, 0], b[:, 0],
-                             jnp.zeros((B, H, K, V))), r"\bb must have shape"),
+      (lambda: ops.dplr_attention_step(jnp.zeros((B, H, K, V)), q[:, 0], k[:, 0], v[:, 0],
+                                       a[:, 0, :, 0], b[:, 0]), r"\bb must have shape"),
   ]
   for i, (call, match) in enumerate(cases):
     with pytest.raises(ValueError, match=match):

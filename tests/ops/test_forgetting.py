@@ -97,7 +97,7 @@ def test_decode_with_a_cache_equals_the_sequence():
   step = jax.jit(ops.forgetting_attention_step)
   outs = []
   for t in range(12):
-    o, cache = step(q[:, t], k[:, t], v[:, t], g[:, t], cache)
+    o, cache = step(cache, q[:, t], k[:, t], v[:, t], g[:, t])
     outs.append(o)
   assert_close(jnp.stack(outs, 1), fox(q, k, v, g, "naive"), 1e-5, 1e-5)
   assert int(cache.length) == 12 and cache.log_forget.dtype == jnp.float32
@@ -108,14 +108,14 @@ def test_step_and_op_reject_bad_arguments():
   q, k, v, g = inputs(t=3)
   full = ops.init_forgetting_cache(B, H, 2, D, V)
   for t in range(2):
-    _, full = ops.forgetting_attention_step(q[:, t], k[:, t], v[:, t], g[:, t], full)
+    _, full = ops.forgetting_attention_step(full, q[:, t], k[:, t], v[:, t], g[:, t])
   with pytest.raises(ValueError, match=r"cache is full: it holds max_len=2"):
-    ops.forgetting_attention_step(q[:, 2], k[:, 2], v[:, 2], g[:, 2], full)
+    ops.forgetting_attention_step(full, q[:, 2], k[:, 2], v[:, 2], g[:, 2])
   with pytest.raises(ValueError, match=r"cache must be a ForgettingCache"):
-    ops.forgetting_attention_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], {"k": 0})
+    ops.forgetting_attention_step({"k": 0}, q[:, 0], k[:, 0], v[:, 0], g[:, 0])
   small = ops.init_forgetting_cache(B, H, 4, D + 1, V)
   with pytest.raises(ValueError, match=r"cache.keys must have shape"):
-    ops.forgetting_attention_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], small)
+    ops.forgetting_attention_step(small, q[:, 0], k[:, 0], v[:, 0], g[:, 0])
   with pytest.raises(ValueError, match=r"log_fgate must have shape \[2, 3, 2\]"):
     ops.forgetting_attention(q, k, v, g[..., None])
   with pytest.raises(ValueError, match=r"log_fgate must be <= 0"):

@@ -198,7 +198,7 @@ def test_retention_equals_engine_with_log_gamma():
   @jax.jit
   def run():
     log_gamma = jnp.broadcast_to(jnp.log(gamma), (B_, 20, H_))
-    step, _ = gated.retention_step(q[:, 0], k[:, 0], v[:, 0], jnp.zeros((B_, H_, K_, V_)))
+    step, _ = gated.retention_step(jnp.zeros((B_, H_, K_, V_)), q[:, 0], k[:, 0], v[:, 0])
     return ((gated.retention(q, k, v, gamma=gamma, chunk_size=8),
              decay.decay_linear_attention(q, k, v, log_gamma, chunk_size=8)),
             # The default is the multi-scale 1 - 2 ** (-5 - h).
@@ -247,12 +247,12 @@ def _bad_cases():
   return [
       (lambda: gated.gla(q, k, v, g[..., 0]),
        r"log_g must have shape \[1, 4, 2, 3\].*got \[1, 4, 2\]"),
-      (lambda: gated.gla_step(q[:, 0], k[:, 0], v[:, 0], s, g[:, 0, :, :2]),
+      (lambda: gated.gla_step(s, q[:, 0], k[:, 0], v[:, 0], g[:, 0, :, :2]),
        r"log_g must have shape \[1, 2, 3\].*got \[1, 2, 2\]"),
       (lambda: gated.rwkv6(q, k, v, g[:, :3], u),
        r"log_w must have shape \[1, 4, 2, 3\].*got \[1, 3, 2, 3\]"),
       (lambda: gated.rwkv6(q, k, v, g, u[0]), r"u must have shape \[2, 3\].*got \[3\]"),
-      (lambda: gated.rwkv6_step(q[:, 0], k[:, 0], v[:, 0], s, g[:, 0], u.T),
+      (lambda: gated.rwkv6_step(s, q[:, 0], k[:, 0], v[:, 0], g[:, 0], u.T),
        r"u must have shape \[2, 3\].*got \[3, 2\]"),
       (lambda: gated.retention(q, k, v, gamma=jnp.array([0.9, 1.0])),
        r"gamma must lie in \(0, 1\).*to 1\.0"),

@@ -191,9 +191,9 @@ def test_step_decoding_matches_full(name):
   kw = dict(feature_map=name, projection=None if name == "elu" else w)
   o, state = ops.linear_attention(q[:, :4], k[:, :4], v[:, :4], return_state=True, **kw)
   outs = [o]
-  step = jax.jit(lambda q, k, v, s: ops.linear_attention_step(q, k, v, s, **kw))
+  step = jax.jit(lambda s, q, k, v: ops.linear_attention_step(s, q, k, v, **kw))
   for t in range(4, 9):
-    o_t, state = step(q[:, t], k[:, t], v[:, t], state)
+    o_t, state = step(state, q[:, t], k[:, t], v[:, t])
     outs.append(o_t[:, None])
   full, final = ops.linear_attention(q, k, v, return_state=True, **kw)
   assert_close(jnp.concatenate(outs, 1), full, 1e-4, 1e-5)

@@ -64,7 +64,7 @@ def test_decoding_keeps_log_t_states():
   step = jax.jit(ops.loglinear_ssd_step)
   outs = []
   for t in range(100):
-    y, state = step(x[:, t], dt[:, t], A, Bm[:, t], C[:, t], lam[:, t], state, D)
+    y, state = step(state, x[:, t], dt[:, t], A, Bm[:, t], C[:, t], lam[:, t], D)
     outs.append(y)
     occupied = np.flatnonzero(np.abs(np.asarray(state[0][0, 0])).sum(axis=(1, 2)) > 0)
     want = [lvl for lvl in range(1, levels) if ((t + 1) >> (lvl - 1)) & 1]

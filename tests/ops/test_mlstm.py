@@ -64,7 +64,7 @@ def test_large_gate_preactivations_are_finite(forget_gate):
     helpers.assert_tree_close(outs[form][0], outs["parallel"][0], 1e-4, 1e-4, form)
   state = ops.init_mlstm_state(B, H, K, V)
   for t in range(T):
-    o, state = ops.mlstm_step(q[:, t], k[:, t], v[:, t], ig[:, t], fg[:, t], state,
+    o, state = ops.mlstm_step(state, q[:, t], k[:, t], v[:, t], ig[:, t], fg[:, t],
                               forget_gate=forget_gate)
     helpers.assert_close(o, outs["recurrent"][0][0][:, t], 1e-4, 1e-4)
   assert all(np.all(np.isfinite(np.asarray(s))) for s in state)
@@ -129,4 +129,4 @@ def test_bad_arguments_name_themselves():
     ops.mlstm(q, k, v, ig, fg, initial_state=jnp.zeros((B, H, K, V)))
   state = ops.init_mlstm_state(B, H, K, V)
   with pytest.raises(ValueError, match=r"\bstate\[2\] must have shape"):
-    ops.mlstm_step(q[:, 0], k[:, 0], v[:, 0], ig[:, 0], fg[:, 0], state[:2] + (state[2][:1],))
+    ops.mlstm_step(state[:2] + (state[2][:1],), q[:, 0], k[:, 0], v[:, 0], ig[:, 0], fg[:, 0])

@@ -71,7 +71,7 @@ def test_steps_equal_sequence():
   h, state = rg_lru(x, gr, gi, lam, return_state=True)
   s = None
   for i in range(x.shape[1]):
-    h_i, s = rg_lru_step(x[:, i], gr[:, i], gi[:, i], lam, s)
+    h_i, s = rg_lru_step(s, x[:, i], gr[:, i], gi[:, i], lam)
     assert_close(h_i, h[:, i], 1e-5, 1e-5, err_msg=f"step {i}")
   assert_close(s, state, 1e-5, 1e-5)
 

@@ -231,8 +231,8 @@ def test_errors():
     sparse.bigbird_attention(q, k, v, block_size=1, key=None)
   cache = sparse.init_sliding_window_cache(B, H, 4, D, DV)
   with pytest.raises(ValueError, match=r"cache.keys must have shape \[2, 5, 2, 8\]"):
-    sparse.sliding_window_step(q[:, 0], k[:, 0], v[:, 0], cache, window=5)
+    sparse.sliding_window_step(cache, q[:, 0], k[:, 0], v[:, 0], window=5)
   with pytest.raises(ValueError, match="q must have rank 3"):
-    sparse.sliding_window_step(q, k[:, 0], v[:, 0], cache, window=4)
+    sparse.sliding_window_step(cache, q, k[:, 0], v[:, 0], window=4)
   with pytest.raises(ValueError, match="cache must be a SlidingWindowCache"):
-    sparse.sliding_window_step(q[:, 0], k[:, 0], v[:, 0], None, window=4)
+    sparse.sliding_window_step(None, q[:, 0], k[:, 0], v[:, 0], window=4)

@@ -133,7 +133,7 @@ def test_s4d_bad_inputs():
   # The complex state: the suite passes it as (real, imag), so its dtype is checked here.
   for bad in (h0.real.astype(jnp.float16), h0.real.astype(jnp.int32)):
     with pytest.raises(ValueError, match="^state must be complex64"):
-      ssm.s4d_step(u[:, 0], ar, ai, b, c[0], log_dt, state=bad)
+      ssm.s4d_step(bad, u[:, 0], ar, ai, b, c[0], log_dt)
     with pytest.raises(ValueError, match="^initial_state must be complex64"):
       ssm.s4d(u, ar, ai, b, c[0], log_dt, initial_state=bad)
 
