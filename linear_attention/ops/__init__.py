@@ -17,12 +17,14 @@ same order and with the same names, one token each (``[B, H, K]`` for
 ``[B, T, H, K]``); the keyword options are the sequence op's. This is
 ``lax.scan``'s ``f(carry, x)`` order::
 
-    step = lambda s, x: gla_step(s, *x)[::-1]   # scan wants (carry, y)
-    state, o = lax.scan(step, state, (q_t, k_t, v_t, log_g_t))  # time-major inputs
+    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, log_g))  # [T, B, H, *]
+    state, o = lax.scan(lambda s, x: gla_step(s, *x)[::-1], state, xs)  # (carry, y)
 
 ``state`` is what the sequence op takes as ``initial_state`` and returns with
-``return_state=True``. A call in the order before this convention (``state``
-later) fails with a ValueError from the shape checks.
+``return_state=True``. A call in another order (the state after the inputs)
+raises: a ValueError naming ``state`` (or ``cache``) where the state's rank
+tells it apart from a token's input, else a ValueError naming the input
+that shifted, or a TypeError where the state was passed by keyword.
 """
 
 from linear_attention.ops.context import SeqContext
