@@ -20,6 +20,7 @@ from jax import lax
 
 from linear_attention import ops
 from tests.helpers import assert_close
+from tests.ops import conformance as cf
 
 # Steps whose sequence op is not named ``foo_step`` minus ``_step``.
 SEQUENCE_OP = {
@@ -66,6 +67,22 @@ def test_step_signature_mirrors_the_sequence_op(name):
   first = re.search(rf"\b{want_first}\b", body)
   second = re.search(rf"\b{step_pos[1].name}\b", body)
   assert first and (second is None or first.start() < second.start()), f"{name}: {body[:80]}"
+
+
+@pytest.mark.parametrize("spec", cf.WITH_STEP, ids=lambda s: s.name)
+def test_step_returns_out_then_a_state_like_the_one_given(spec):
+  """``(out, new_state)``, never ``(new_state, out)``: the new state has the given one's
+  structure, shapes and dtypes; ``out`` is one token in the inputs' dtype."""
+  rng = np.random.default_rng(3)
+  arrays = spec.make(rng, 2, jnp.float32)
+  state = spec.make_state(rng, arrays) if spec.make_state else spec.step_state(arrays)
+  result = spec.step(state, spec.at(arrays, 0))
+  assert isinstance(result, tuple) and len(result) == 2
+  out, new_state = result
+  assert out.dtype == arrays[0].dtype and out.shape[0] == arrays[0].shape[0]
+  assert jax.tree_util.tree_structure(new_state) == jax.tree_util.tree_structure(state)
+  for new, old in zip(jax.tree_util.tree_leaves(new_state), jax.tree_util.tree_leaves(state)):
+    assert (new.shape, new.dtype) == (old.shape, old.dtype), spec.name
 
 
 def _qkv(rng, b=2, h=2, dk=4, dv=3):
