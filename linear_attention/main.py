@@ -31,10 +31,11 @@ one ``error: ...`` line:
 - 2: bad configuration or workdir, found before anything was written: a typo, a bad value,
   a config that differs from the workdir's ``config.json`` in a field the checkpoints depend
   on, a workdir locked by another live run;
-- 3: stopped by SIGTERM (or a first Ctrl-C) after saving a checkpoint (rerun to resume);
+- 3: stopped by SIGTERM (or a first Ctrl-C) during training, after saving a checkpoint of
+  the last completed step (rerun to resume);
 - 4: the loss or the gradient norm became non-finite (the state was not saved);
-- 130: interrupted (a second Ctrl-C, or one outside the training loop: start-up, final
-  evaluation).
+- 130: interrupted (a second Ctrl-C, or a Ctrl-C or SIGTERM outside the training loop:
+  start-up, final evaluation; nothing trained since the last checkpoint is lost).
 
 ``--workdir=DIR --sample=PROMPT`` trains nothing: it prints the text the byte-level model
 trained in ``DIR`` writes after ``PROMPT`` (``--sample_tokens``, ``--temperature``, ``--seed``).
@@ -52,8 +53,9 @@ INTERRUPTED_MESSAGE = ("error: interrupted; rerun the same command to resume fro
 
 
 def _exit_on_interrupt(signum, frame) -> None:
-  """SIGINT outside the training loop (start-up, restore, final evaluation): one line and
-  exit 130 at once, from any point.
+  """SIGINT or SIGTERM outside the training loop (start-up, restore, final evaluation): one
+  line and exit 130 at once, from any point (SIGTERM's default was a silent exit -15, which a
+  sweep could not tell from a kill).
 
   Python's default (a ``KeyboardInterrupt`` wherever the main thread happens to be) went
   wrong during start-up: raised inside an import, or a library's ``except BaseException``,
@@ -61,7 +63,8 @@ def _exit_on_interrupt(signum, frame) -> None:
   interpreter's shutdown with XLA's and orbax's threads still running crashed (exit 139)
   or hung. Nothing written before training is left half-done by an exit here (the config
   and metrics files are replaced atomically; the run lock is freed by the kernel). The
-  training loop installs its own handler (a first Ctrl-C saves a checkpoint, exit 3).
+  training loop installs its own handler (SIGTERM or a first Ctrl-C saves a checkpoint,
+  exit 3).
   """
   os.write(2, INTERRUPTED_MESSAGE.encode())
   try:
@@ -72,7 +75,8 @@ def _exit_on_interrupt(signum, frame) -> None:
 
 
 if __name__ == "__main__":  # before the heavy imports: an interrupt is never lost
-  signal.signal(signal.SIGINT, _exit_on_interrupt)
+  for _signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_signum, _exit_on_interrupt)
 
 
 def _config_path(argv) -> str | None:
@@ -275,7 +279,8 @@ def main(argv) -> None:
     msg += peer_hint(e, bool(_DISTRIBUTED))
     _fail(msg + (f" (traceback in {log})" if log and not known else ""), code)
   except KeyboardInterrupt as e:  # a second Ctrl-C in the training loop
-    signal.signal(signal.SIGINT, _exit_on_interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(signum, _exit_on_interrupt)
     rundir.log_exception(os.path.abspath(os.path.expanduser(FLAGS.workdir)), e)
     _fail(INTERRUPTED_MESSAGE[len("error: "):].strip(), errors.EXIT_INTERRUPTED)
 
