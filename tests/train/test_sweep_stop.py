@@ -226,6 +226,59 @@ def test_a_stopped_study_ends_in_one_error_line_and_exit_3(fake_trainers, capfd)
                             f"checkpoint ({name}: saved a checkpoint at step 6)"), err
 
 
+FAKE_STUDY = """
+import os, signal, sys, time
+marker = sys.argv[1]
+
+def on_term(signum, frame):
+  time.sleep(0.5)  # its trainers saving
+  with open(marker, "w") as f:
+    f.write("saved")
+  print("error: the sweep was stopped", flush=True)
+  os._exit(3)
+
+signal.signal(signal.SIGTERM, on_term)
+print("training", flush=True)
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+  time.sleep(0.02)
+"""
+RUN_STUDIES = """
+import sys
+sys.path.insert(0, "experiments")
+import run_studies
+script, marker, logs = sys.argv[1:4]
+run_studies.STUDIES = {"fake": (script, marker)}
+run_studies.LOGS = logs
+sys.exit(run_studies.main(["--only", "fake", "--results", logs, "--no-notebooks"]))
+"""
+
+
+def test_a_stopped_run_studies_stops_its_study_and_waits_for_it(tmp_path):
+  # Before: `kill` of run_studies.py ended it at once (exit -15) and left the study training.
+  (tmp_path / "study.py").write_text(FAKE_STUDY)
+  marker, logs = tmp_path / "saved", tmp_path / "logs"
+  proc = subprocess.Popen([sys.executable, "-c", RUN_STUDIES, str(tmp_path / "study.py"),
+                           str(marker), str(logs)], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    log = logs / "fake.log"
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline and "training" not in (
+        log.read_text() if log.exists() else ""):
+      assert proc.poll() is None, proc.communicate()
+      time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=DEADLINE_S)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == 3, err
+  assert marker.read_text() == "saved"  # the study got the stop and was waited for
+  assert err.strip().splitlines()[-1].startswith("error: SIGTERM stopped study fake (exit 3"), err
+
+
 # ----------------------------------------------------------------------------- real trainers
 
 
