@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 
@@ -164,10 +165,21 @@ def _parse_flags(argv):
           "--workdir=DIR [--config.<field>=value ...]")
   except (AttributeError, KeyError, TypeError, ValueError) as e:
     # config_flags raises these bare for an override of a missing field or of a wrong type.
-    bad = [a for a in argv[1:] if a.startswith("--config.")]
     detail = " ".join(str(e).encode().decode("unicode_escape").replace("'", "").split())
     what = "no such config field" if isinstance(e, (AttributeError, KeyError)) else "bad value"
-    _fail(f"invalid config override in {bad}: {what}: {detail}")
+    _fail(f"invalid config override in {culprits(argv[1:], detail)}: {what}: {detail}")
+
+
+def culprits(argv, detail: str) -> list[str]:
+  """The ``--config.*`` flags of ``argv`` that config_flags' error ``detail`` names (a field
+  of their path), else all of them: a sweep's point passes a dozen, and listing every one
+  for one typo hid which was wrong."""
+  flags_ = [a for a in argv if a.startswith("--config.")]
+  # "no such config field: stepz Did you mean "steps" ...": only the part before the hint.
+  named = detail.split("field:")[-1].split("Did you mean")[0]
+  hit = [a for a in flags_ if any(re.search(rf"\b{re.escape(part)}\b", named)
+                                  for part in a[len("--config."):].partition("=")[0].split("."))]
+  return hit or flags_
 
 
 def _check_workdir(workdir: str) -> None:
@@ -215,7 +227,6 @@ def peer_hint(error: BaseException, distributed: bool) -> str:
   text = f"{type(error).__name__}: {error}"
   if not distributed or not any(w in text.lower() for w in _PEER_SIGNS):
     return ""
-  import re
   tasks = sorted({int(t) for t in re.findall(r"task:(\d+)", text)})
   who = (f"process(es) {', '.join(map(str, tasks))}" if tasks else "another process")
   return (f"; {who} of this multi-process run was probably lost (killed or stalled): check "
