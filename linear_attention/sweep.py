@@ -21,7 +21,9 @@ sweep's own ``--config.*`` flags and trainer flags such as ``--distributed``) in
 with its output in that directory's ``log.txt``. A finished point leaves ``sweep_status.json``
 with status ``done`` and is skipped when the sweep is rerun; a crashed one is recorded as
 ``failed`` with the end of its error output (and retried on the next rerun, resuming from its
-checkpoints). ``summary.csv`` and ``summary.json`` in the workdir list every point's status,
+checkpoints). A trainer that refuses a ``--config.*`` flag every point gets (a typo in the
+sweep's command) ends the sweep after the points already started: exit 2, the others
+``not run``. ``summary.csv`` and ``summary.json`` in the workdir list every point's status,
 exit code (see ``linear_attention.main``), overrides and final metrics.
 
 A point's directory is ``NNN-<overrides>`` (its index, then short ``key=value`` pairs). The
@@ -575,9 +577,16 @@ def _run_sweep(config_arg: str, workdir: str, workers: int, extra_flags: Sequenc
   names = point_dirs(workdir, points)
   _write_plan(config_arg, workdir, extra_flags, points, names)
   rows: list[dict | None] = [None] * len(points)
+  refused: list[str] = []  # the trainer's error about a flag every point gets
 
   def one(i):
-    return i, run_point(config_arg, os.path.join(workdir, names[i]), points[i], extra_flags)
+    if refused:  # every later point would be refused the same way
+      return i, {"overrides": dict(points[i]), "status": "not run", "returncode": None,
+                 "error": "not started: a sweep-wide flag is invalid", "skipped": False}
+    rec = run_point(config_arg, os.path.join(workdir, names[i]), points[i], extra_flags)
+    if rec["status"] == "failed" and _refuses_sweep_flags(rec, extra_flags):
+      refused.append(rec["error"])
+    return i, rec
 
   with _stop_children_on_signals(), concurrent.futures.ThreadPoolExecutor(
       max_workers=workers) as ex:
@@ -590,7 +599,25 @@ def _run_sweep(config_arg: str, workdir: str, workers: int, extra_flags: Sequenc
   write_summary(workdir, rows)  # type: ignore[arg-type]
   if any(r["status"] == "stopped" for r in rows):  # type: ignore[index]
     raise SweepStoppedError(stop_message(rows, workdir))  # type: ignore[arg-type]
+  if refused:
+    started = sum(r["returncode"] is not None for r in rows)  # type: ignore[index]
+    raise ValueError(f"a flag given to every point is invalid, no further point was started "
+                     f"({started} ran): {refused[0].removeprefix('error: ')}")
   return rows  # type: ignore[return-value]
+
+
+def _refuses_sweep_flags(rec: Mapping[str, Any], extra_flags: Sequence[str]) -> bool:
+  """Whether a point's trainer refused (exit 2) only flags that every point is given: a typo
+  in ``--config.*`` of the sweep's command failed every point, one trainer start at a time."""
+  if rec.get("returncode") != errors.EXIT_CONFIG:
+    return False
+  text = rec.get("error") or ""
+  found = re.search(r"invalid config override in (\[.*?\]):", text)
+  if found:
+    named = re.findall(r"'([^']*)'", found.group(1))
+  else:  # absl's own form: "flag --config.x=y: <why>"
+    named = re.findall(r"flag (--config\.[^\s:]+)", text)
+  return bool(named) and all(n in extra_flags for n in named)
 
 
 def run_one(config_arg: str, workdir: str, index: int, extra_flags: Sequence[str] = (),

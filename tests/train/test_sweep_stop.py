@@ -33,6 +33,10 @@ TIMEOUT = 300  # for any one real trainer or sweep
 FAKE_TRAINER = """
 import os, signal, sys, time
 workdir, mode, step = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "typo":  # as the trainer refuses a bad sweep-wide --config flag
+  print("error: invalid config override in ['--config.train.stepz=3']: no such config field: "
+        "stepz", flush=True)
+  sys.exit(2)
 
 def on_term(signum, frame):
   if mode == "hang":
@@ -224,6 +228,23 @@ def test_a_stopped_study_ends_in_one_error_line_and_exit_3(fake_trainers, capfd)
   err = capfd.readouterr().err.strip().splitlines()
   assert err[-1].startswith("error: the sweep was stopped; 1 of 1 stopped trainer(s) saved a "
                             f"checkpoint ({name}: saved a checkpoint at step 6)"), err
+
+
+def test_a_bad_sweep_wide_flag_stops_the_sweep_after_one_point(fake_trainers, capsys):
+  # Before: every point's trainer started and was refused in turn (22 starts for the smoke
+  # sweep), each recorded failed.
+  wd = fake_trainers
+  points = [{"mode": "typo", "step": i} for i in range(4)]
+  with pytest.raises(ValueError, match=r"a flag given to every point is invalid, no further "
+                     r"point was started \(1 ran\): invalid config override in "
+                     r"\['--config.train.stepz=3'\]"):
+    sweep.run_sweep("unused.py", str(wd), points=points, extra_flags=["--config.train.stepz=3"])
+  assert len([n for n in os.listdir(wd) if n[:3].isdigit()]) == 1
+  rows = json.loads((wd / "summary.json").read_text())
+  assert [r["status"] for r in rows] == ["failed", "not run", "not run", "not run"]
+  # The same refusal of a flag the sweep does not give every point: each point still runs.
+  rows = sweep.run_sweep("unused.py", str(wd / "own"), points=points[:2])
+  assert [r["status"] for r in rows] == ["failed", "failed"]
 
 
 FAKE_STUDY = """
