@@ -174,6 +174,9 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
     collect_only: train nothing; report the points as they stand (``sweep.collect``: done,
       failed, or ``not run``), so that a study stopped part-way can still write what it has.
 
+  Raises:
+    SystemExit(3): SIGTERM or SIGINT stopped the sweep; its ``error:`` line is printed.
+
   Returns:
     One row per point: ``point, status, overrides, metrics`` (``final_metrics.json``),
     ``workdir``, ``train_curve`` and ``validation_curve`` (the logged records), ``error``.
@@ -187,7 +190,13 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
   if collect_only:
     rows = sweep.collect(runs_dir, points)
   else:
-    rows = sweep.run_sweep(config_arg, runs_dir, workers, extra_flags, points=points)
+    try:
+      rows = sweep.run_sweep(config_arg, runs_dir, workers, extra_flags, points=points)
+    except sweep.SweepStoppedError as e:
+      # A stopped study ends as the sweep command does: one line (the checkpoint each
+      # stopped run saved) and exit 3; rerunning the study resumes them.
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      raise SystemExit(3) from None
   for r in rows:
     wd = os.path.join(runs_dir, r["point"])
     r["workdir"] = wd

@@ -17,7 +17,9 @@ One command for the whole of ``results/studies/`` and ``notebooks/``:
    go to ``<results>/notebooks/`` instead, so the committed ones keep the
    committed results' outputs.
 
-Each study's output goes to ``runs/studies/logs/<study>.log``.
+Each study's output goes to ``runs/studies/logs/<study>.log``. Stopping this command (``kill``,
+Ctrl-C) stops the running study, whose trainers save checkpoints first; it then exits 3, and
+the same command again resumes.
 
     python experiments/run_studies.py                          # everything, full size
     python experiments/run_studies.py --only mqar,synthetic    # two studies, then the notebooks
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -90,6 +93,9 @@ def study_command(study: str, results: str, smoke: bool, collect: bool = False) 
   return [sys.executable, *args, "--out", os.path.join(results, study)]
 
 
+STOPPED: list[str] = []  # the stop signals received while a study ran
+
+
 def run_study(study: str, results: str, smoke: bool, dry_run: bool,
               collect: bool = False) -> tuple[int, float]:
   """Runs one study; returns its exit status and wall time in seconds."""
@@ -101,7 +107,24 @@ def run_study(study: str, results: str, smoke: bool, dry_run: bool,
   log_path = os.path.join(LOGS, f"{study}{'-smoke' if smoke else ''}.log")
   t0 = time.time()
   with open(log_path, "w") as log:
-    rc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    # A session of its own: a stop (kill, or Ctrl-C in the terminal) reaches this process
+    # only, which passes each one on; the study's sweep then has its trainers save
+    # checkpoints, and this waits for it. Before, a kill of this process left the study
+    # training, orphaned.
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def forward(signum, frame):
+      del frame
+      STOPPED.append(signal.Signals(signum).name)
+      proc.send_signal(signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+      rc = proc.wait()
+    finally:
+      for sig, handler in old.items():
+        signal.signal(sig, handler)
   dt = time.time() - t0
   print(f"[{study}] exit {rc} after {dt / 60:.1f} min (log: {os.path.relpath(log_path, REPO_ROOT)})",
         flush=True)
@@ -178,6 +201,11 @@ def main(argv=None) -> int:
   if not a.notebooks_only:
     for s in studies:
       rc, _ = run_study(s, results, a.smoke, a.dry_run, a.collect)
+      if STOPPED:
+        print(f"error: {STOPPED[0]} stopped study {s} (exit {rc}; its log's last line says "
+              "which checkpoints were saved); no later study, claims or notebook ran. Rerun "
+              "the same command to resume.", file=sys.stderr, flush=True)
+        return 3
       if rc:
         failed.append(f"study {s}: exit {rc}")
   if a.dry_run:

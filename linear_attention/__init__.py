@@ -3,7 +3,7 @@
 import sys as _sys
 
 if _sys.argv[:1] == ["-m"]:  # `python -m linear_attention.<command>`, while it imports
-  # Ctrl-C while JAX imports: one line and exit 130, as main's own handler does later
+  # Ctrl-C (or SIGTERM) while JAX imports: one line and exit 130, as main's own handler does later
   # (a KeyboardInterrupt inside JAX's import can crash or hang the interpreter's shutdown).
   import os as _os
   import signal as _signal
@@ -14,7 +14,8 @@ if _sys.argv[:1] == ["-m"]:  # `python -m linear_attention.<command>`, while it 
                  b"checkpoint (or to start again if none was saved).\n")
     _os._exit(130)
 
-  _signal.signal(_signal.SIGINT, _exit_on_interrupt)
+  for _signum in (_signal.SIGINT, _signal.SIGTERM):  # SIGTERM: a sweep stopping a trainer
+    _signal.signal(_signum, _exit_on_interrupt)
 
 from linear_attention import _xla_workarounds  # noqa: E402
 

@@ -31,10 +31,11 @@ one ``error: ...`` line:
 - 2: bad configuration or workdir, found before anything was written: a typo, a bad value,
   a config that differs from the workdir's ``config.json`` in a field the checkpoints depend
   on, a workdir locked by another live run;
-- 3: stopped by SIGTERM (or a first Ctrl-C) after saving a checkpoint (rerun to resume);
+- 3: stopped by SIGTERM (or a first Ctrl-C) during training, after saving a checkpoint of
+  the last completed step (rerun to resume);
 - 4: the loss or the gradient norm became non-finite (the state was not saved);
-- 130: interrupted (a second Ctrl-C, or one outside the training loop: start-up, final
-  evaluation).
+- 130: interrupted (a second Ctrl-C, or a Ctrl-C or SIGTERM outside the training loop:
+  start-up, final evaluation; nothing trained since the last checkpoint is lost).
 
 ``--workdir=DIR --sample=PROMPT`` trains nothing: it prints the text the byte-level model
 trained in ``DIR`` writes after ``PROMPT`` (``--sample_tokens``, ``--temperature``, ``--seed``).
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 
@@ -52,8 +54,9 @@ INTERRUPTED_MESSAGE = ("error: interrupted; rerun the same command to resume fro
 
 
 def _exit_on_interrupt(signum, frame) -> None:
-  """SIGINT outside the training loop (start-up, restore, final evaluation): one line and
-  exit 130 at once, from any point.
+  """SIGINT or SIGTERM outside the training loop (start-up, restore, final evaluation): one
+  line and exit 130 at once, from any point (SIGTERM's default was a silent exit -15, which a
+  sweep could not tell from a kill).
 
   Python's default (a ``KeyboardInterrupt`` wherever the main thread happens to be) went
   wrong during start-up: raised inside an import, or a library's ``except BaseException``,
@@ -61,7 +64,8 @@ def _exit_on_interrupt(signum, frame) -> None:
   interpreter's shutdown with XLA's and orbax's threads still running crashed (exit 139)
   or hung. Nothing written before training is left half-done by an exit here (the config
   and metrics files are replaced atomically; the run lock is freed by the kernel). The
-  training loop installs its own handler (a first Ctrl-C saves a checkpoint, exit 3).
+  training loop installs its own handler (SIGTERM or a first Ctrl-C saves a checkpoint,
+  exit 3).
   """
   os.write(2, INTERRUPTED_MESSAGE.encode())
   try:
@@ -72,7 +76,8 @@ def _exit_on_interrupt(signum, frame) -> None:
 
 
 if __name__ == "__main__":  # before the heavy imports: an interrupt is never lost
-  signal.signal(signal.SIGINT, _exit_on_interrupt)
+  for _signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_signum, _exit_on_interrupt)
 
 
 def _config_path(argv) -> str | None:
@@ -160,10 +165,21 @@ def _parse_flags(argv):
           "--workdir=DIR [--config.<field>=value ...]")
   except (AttributeError, KeyError, TypeError, ValueError) as e:
     # config_flags raises these bare for an override of a missing field or of a wrong type.
-    bad = [a for a in argv[1:] if a.startswith("--config.")]
     detail = " ".join(str(e).encode().decode("unicode_escape").replace("'", "").split())
     what = "no such config field" if isinstance(e, (AttributeError, KeyError)) else "bad value"
-    _fail(f"invalid config override in {bad}: {what}: {detail}")
+    _fail(f"invalid config override in {culprits(argv[1:], detail)}: {what}: {detail}")
+
+
+def culprits(argv, detail: str) -> list[str]:
+  """The ``--config.*`` flags of ``argv`` that config_flags' error ``detail`` names (a field
+  of their path), else all of them: a sweep's point passes a dozen, and listing every one
+  for one typo hid which was wrong."""
+  flags_ = [a for a in argv if a.startswith("--config.")]
+  # "no such config field: stepz Did you mean "steps" ...": only the part before the hint.
+  named = detail.split("field:")[-1].split("Did you mean")[0]
+  hit = [a for a in flags_ if any(re.search(rf"\b{re.escape(part)}\b", named)
+                                  for part in a[len("--config."):].partition("=")[0].split("."))]
+  return hit or flags_
 
 
 def _check_workdir(workdir: str) -> None:
@@ -211,7 +227,6 @@ def peer_hint(error: BaseException, distributed: bool) -> str:
   text = f"{type(error).__name__}: {error}"
   if not distributed or not any(w in text.lower() for w in _PEER_SIGNS):
     return ""
-  import re
   tasks = sorted({int(t) for t in re.findall(r"task:(\d+)", text)})
   who = (f"process(es) {', '.join(map(str, tasks))}" if tasks else "another process")
   return (f"; {who} of this multi-process run was probably lost (killed or stalled): check "
@@ -275,7 +290,8 @@ def main(argv) -> None:
     msg += peer_hint(e, bool(_DISTRIBUTED))
     _fail(msg + (f" (traceback in {log})" if log and not known else ""), code)
   except KeyboardInterrupt as e:  # a second Ctrl-C in the training loop
-    signal.signal(signal.SIGINT, _exit_on_interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(signum, _exit_on_interrupt)
     rundir.log_exception(os.path.abspath(os.path.expanduser(FLAGS.workdir)), e)
     _fail(INTERRUPTED_MESSAGE[len("error: "):].strip(), errors.EXIT_INTERRUPTED)
 

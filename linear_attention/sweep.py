@@ -21,7 +21,9 @@ sweep's own ``--config.*`` flags and trainer flags such as ``--distributed``) in
 with its output in that directory's ``log.txt``. A finished point leaves ``sweep_status.json``
 with status ``done`` and is skipped when the sweep is rerun; a crashed one is recorded as
 ``failed`` with the end of its error output (and retried on the next rerun, resuming from its
-checkpoints). ``summary.csv`` and ``summary.json`` in the workdir list every point's status,
+checkpoints). A trainer that refuses a ``--config.*`` flag every point gets (a typo in the
+sweep's command) ends the sweep after the points already started: exit 2, the others
+``not run``. ``summary.csv`` and ``summary.json`` in the workdir list every point's status,
 exit code (see ``linear_attention.main``), overrides and final metrics.
 
 A point's directory is ``NNN-<overrides>`` (its index, then short ``key=value`` pairs). The
@@ -37,11 +39,17 @@ sweep is taken over. ``--point`` jobs take no sweep lock (an array's tasks share
 directory); a point whose trainer another process is running is reported ``running
 elsewhere`` and a point another runner finished keeps its ``done`` record.
 
-Stopping the sweep (SIGTERM or SIGINT) stops its trainers too: each gets SIGTERM, saves a
-checkpoint and exits 3 (SIGKILL after ``STOP_GRACE_S``); points not started are left for the
-next rerun, and the summary records them as ``stopped``. Exit status: 0 every point done,
-1 some point failed, 2 bad sweep arguments, 3 stopped by a signal; with ``--point``, the
-trainer's own exit status (0 also when the point had finished before).
+Stopping the sweep (SIGTERM or SIGINT, to the sweep alone or to its process group) stops
+its trainers too: each gets SIGTERM, saves a checkpoint at the end of its running step and
+exits 3, and the sweep waits for them. A second signal only says what is still saving; a
+third, or ``--stop-grace`` seconds (default ``STOP_GRACE_S``) without an exit, kills the
+trainers that remain (said per point: no checkpoint saved). The trainers run in sessions of
+their own, so that a signal to the sweep's process group reaches them once, through the
+sweep. Points not started are left for the next rerun; the summary records the stopped
+ones as ``stopped`` with the checkpoint each saved, and the final ``error:`` line names them
+(rerunning the same command resumes each from its checkpoint). Exit status: 0 every point
+done, 1 some point failed, 2 bad sweep arguments, 3 stopped by a signal; with ``--point``,
+the trainer's own exit status (0 also when the point had finished before).
 """
 
 from __future__ import annotations
@@ -63,13 +71,19 @@ import threading
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from linear_attention.train import checkpoint as ckpt_lib
+from linear_attention.train import errors
 from linear_attention.train import metrics as metrics_lib
 from linear_attention.train import rundir
 
 SWEEP_LOCK_FILE = "sweep.lock"  # held by the local sweep running in a directory
 
 STATUS_FILE = "sweep_status.json"
-STOP_GRACE_S = 60.0  # a stopped trainer's time to save its checkpoint before SIGKILL
+# A stopped trainer's time to end its running dispatch and save before SIGKILL. Generous: a
+# kill loses every step since the last checkpoint, and one dispatch of study_hybrid's 4-layer
+# MQAR run is 5 fused steps of 3-5 s each on two shared cores, before its save; a hung
+# trainer holds the sweep at most this long.
+STOP_GRACE_S = 300.0
 ARRAY_ENV = "SLURM_ARRAY_TASK_ID"  # the default source of --point in an array job
 # Flags of ``linear_attention.main`` besides --config.*, passed on to every point's trainer.
 TRAINER_FLAGS = ("--distributed", "--coordinator_address", "--num_processes", "--process_id")
@@ -154,12 +168,23 @@ class SweepStoppedError(RuntimeError):
 
 
 class _Children:
-  """The running trainer processes, so that a stopped sweep can stop them (thread-safe)."""
+  """The running trainer processes, so that a stopped sweep can stop them (thread-safe).
+
+  The lock is re-entrant: a signal handler runs in the main thread, which may hold it (a
+  ``--point`` run starts its trainer from the main thread).
+  """
 
   def __init__(self):
-    self._lock = threading.Lock()
+    self._lock = threading.RLock()
     self._procs: set[subprocess.Popen] = set()
+    self.reset()
+
+  def reset(self, grace_s: float = STOP_GRACE_S) -> None:
+    """Ready for a new sweep: not stopped, ``grace_s`` for a stopped trainer to save."""
     self.stop_at: float | None = None  # set when the sweep was told to stop
+    self.grace_s = float(grace_s)
+    self.signals = 0
+    self.killed: dict[int, str] = {}  # pid -> why this sweep killed it (it saved nothing)
 
   def start(self, cmd, **kw) -> subprocess.Popen | None:
     with self._lock:
@@ -175,21 +200,56 @@ class _Children:
       try:
         return proc.wait(timeout=0.2)
       except subprocess.TimeoutExpired:
-        if self.stop_at is not None and time.monotonic() > self.stop_at + STOP_GRACE_S:
-          proc.kill()
+        if self.stop_at is not None and time.monotonic() > self.stop_at + self.grace_s:
+          self._kill(proc, f"killed after {self.grace_s:g} s (--stop-grace)")
       finally:
         if proc.returncode is not None:
           with self._lock:
             self._procs.discard(proc)
 
-  def stop(self, kill: bool = False) -> None:
-    """Sends SIGTERM (or SIGKILL) to every running trainer; starts no new one."""
+  def _kill(self, proc: subprocess.Popen, why: str) -> None:
+    with self._lock:
+      if proc.poll() is None:
+        self.killed[proc.pid] = why
+        proc.kill()
+
+  def running(self) -> list[subprocess.Popen]:
+    with self._lock:
+      return [p for p in self._procs if p.poll() is None]
+
+  def stop(self, kill: str = "") -> None:
+    """Sends SIGTERM to every running trainer (SIGKILL when ``kill`` says why); starts no
+    new one."""
     with self._lock:
       if self.stop_at is None:
         self.stop_at = time.monotonic()
-      for proc in self._procs:
-        if proc.poll() is None:
-          proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+      for proc in self.running():
+        if kill:
+          self._kill(proc, kill)
+        else:
+          proc.send_signal(signal.SIGTERM)
+
+  def on_signal(self, name: str) -> None:
+    """A stop signal to the sweep. The first stops the trainers (each saves and exits), the
+    second says what is still saving, the third kills what remains. A scheduler or ``kill``
+    may deliver one stop twice (to the process, then to its group), and a double Ctrl-C is
+    common: killing at the second signal lost the trainers' checkpoints."""
+    self.signals += 1
+    n = len(self.running())
+    if self.signals == 1:
+      self.stop()
+      left = self.grace_s
+      line = (f"{name}: stopping the sweep; {n} running trainer(s) save a checkpoint and exit "
+              f"(waiting up to {left:.0f} s; a third signal kills them without saving)")
+    elif self.signals == 2:
+      left = max(self.stop_at + self.grace_s - time.monotonic(), 0.0)
+      line = (f"{name}: still waiting for {n} trainer(s) to save their checkpoints "
+              f"({left:.0f} s left); one more signal kills them without saving")
+    else:
+      self.stop(kill=f"killed by a third {name}")
+      line = f"{name}: killing {n} trainer(s); they save no checkpoint"
+    # os.write: the main thread may be inside a print to stderr when the handler runs.
+    os.write(2, (line + "\n").encode())
 
 
 _CHILDREN = _Children()
@@ -350,9 +410,11 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
   cmd = point_command(config_arg, workdir, overrides, extra_flags)
   rec: dict[str, Any] = {"overrides": dict(overrides), "command": cmd}
   if _CHILDREN.stop_at is not None:  # stopped before this point began: nothing to record
-    return {**rec, "status": "stopped", "returncode": None, "skipped": False}
+    return {**rec, "status": "stopped", "returncode": None, "error": "not started",
+            "skipped": False}
   os.makedirs(workdir, exist_ok=True)
   log_path = os.path.join(workdir, "log.txt" if process_id == 0 else f"log.p{process_id}.txt")
+  ckpt_before = ckpt_lib.newest_step_on_disk(workdir)
   t0 = time.time()
   with open(log_path, "ab") as log:
     log.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -362,8 +424,10 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
     proc = _CHILDREN.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                            start_new_session=True)
     if proc is None:
-      return {**rec, "status": "stopped", "returncode": None, "skipped": False}
+      return {**rec, "status": "stopped", "returncode": None, "error": "not started",
+              "skipped": False}
     returncode = _CHILDREN.wait(proc)
+  killed = _CHILDREN.killed.get(proc.pid)
   rec.update(returncode=returncode, exit_meaning=EXIT_MEANINGS.get(returncode, "crashed"),
              seconds=time.time() - t0)
   metrics = _read_json(os.path.join(workdir, "final_metrics.json"))
@@ -382,13 +446,53 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
       tail = f.read().decode(errors="replace").strip().splitlines()[-200:]
     # A Python error names itself last; a crash ("Fatal Python error: Segmentation fault")
     # comes before its stack dump.
-    errors = [ln for ln in tail if ln.startswith(("error:", "Fatal Python error")) or "Error" in ln]
-    rec.update(status="stopped" if _CHILDREN.stop_at is not None else "failed",
-               error=(errors[-1] if errors else "\n".join(tail[-5:])),
+    said = [ln for ln in tail if ln.startswith(("error:", "Fatal Python error")) or "Error" in ln]
+    rec.update(status="failed", error=(said[-1] if said else "\n".join(tail[-5:])),
                log_tail="\n".join(tail[-15:]))
+    if _CHILDREN.stop_at is not None or returncode == errors.EXIT_PREEMPTED:
+      step = ckpt_lib.newest_step_on_disk(workdir)
+      saved = returncode == errors.EXIT_PREEMPTED and step is not None and step != ckpt_before
+      rec.update(status="stopped", checkpoint_step=step, saved_on_stop=saved,
+                 error=stop_note(returncode, step, saved, killed))
   if process_id == 0:
     metrics_lib.write_json(status_path, rec)
   return {**rec, "skipped": False}
+
+
+def _check_grace(stop_grace_s: float) -> None:
+  if not stop_grace_s > 0:
+    raise ValueError(f"stop_grace_s (--stop-grace) must be > 0 seconds, got {stop_grace_s}.")
+
+
+def stop_note(returncode: int | None, step: int | None, saved: bool,
+              killed: str | None = None) -> str:
+  """What stopping a point's trainer left: the checkpoint it saved, or why there is none and
+  where a rerun resumes."""
+  resume = f"a rerun resumes at step {step}" if step is not None else "a rerun starts at step 0"
+  if saved:
+    return f"saved a checkpoint at step {step}"
+  if killed:
+    return f"{killed} without saving a checkpoint; {resume}"
+  if returncode == errors.EXIT_PREEMPTED:  # it said it saved; the disk disagrees
+    return f"exited 3 but no new checkpoint is on disk; {resume}"
+  why = EXIT_MEANINGS.get(returncode, "crashed") if returncode is not None else "not started"
+  return f"stopped outside training (exit {returncode}: {why}), no checkpoint saved; {resume}"
+
+
+def stop_message(rows: Sequence[Mapping[str, Any]], where: str) -> str:
+  """The one-line account of a stopped sweep: each stopped point's checkpoint (or why it has
+  none), and the points never started."""
+  ran = [r for r in rows if r.get("status") == "stopped" and r.get("returncode") is not None]
+  not_started = sum(r.get("status") == "stopped" and r.get("returncode") is None for r in rows)
+  saved = [r for r in ran if r.get("saved_on_stop")]
+  parts = [f"{r['point']}: {r.get('error')}" for r in ran]
+  if len(parts) > 8:  # the summary lists every point
+    parts = parts[:8] + [f"{len(parts) - 8} more"]
+  head = (f"the sweep was stopped; {len(saved)} of {len(ran)} stopped trainer(s) saved a "
+          "checkpoint")
+  return (head + (" (" + "; ".join(parts) + ")" if parts else "")
+          + (f"; {not_started} point(s) not started" if not_started else "")
+          + f". Summary in {where}. Rerun the same command to continue.")
 
 
 def _held_by_another(point_dir: str) -> bool:
@@ -430,7 +534,7 @@ def _write_plan(config_arg: str, workdir: str, extra_flags: Sequence[str], point
 
 def run_sweep(config_arg: str, workdir: str, workers: int = 1,
               extra_flags: Sequence[str] = (), points: list[dict] | None = None,
-              verbose: bool = True) -> list[dict]:
+              verbose: bool = True, stop_grace_s: float = STOP_GRACE_S) -> list[dict]:
   """Runs every point (``workers`` at a time) and writes the summary; returns its rows.
 
   Args:
@@ -439,10 +543,13 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
     workers: concurrent processes.
     extra_flags: flags passed to every point (e.g. ``--config.train.steps=100``).
     points: override dicts; default ``get_sweep()`` of the config file.
+    stop_grace_s: after a stop signal, seconds a trainer has to save before it is killed.
 
   Returns:
     One row per point: ``point`` (its directory name), ``status``, ``overrides``,
-    ``returncode``, ``metrics`` (``final_metrics.json``), ``error``, ``skipped``.
+    ``returncode``, ``metrics`` (``final_metrics.json``), ``error``, ``skipped``; a
+    stopped point also ``checkpoint_step`` (its newest on disk, or None) and
+    ``saved_on_stop``.
 
   Raises:
     ValueError: ``workers`` < 1, or no points.
@@ -452,6 +559,7 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
   """
   if workers < 1:
     raise ValueError(f"workers must be >= 1, got {workers}.")
+  _check_grace(stop_grace_s)
   points = load_sweep(config_arg) if points is None else points
   if not points:
     raise ValueError("the sweep has no points.")
@@ -459,19 +567,26 @@ def run_sweep(config_arg: str, workdir: str, workers: int = 1,
   # One local sweep per directory: a second one would start trainers on the same points,
   # be refused by their run locks and record finished points as failed.
   with rundir.WorkdirLock(workdir, SWEEP_LOCK_FILE, "sweep directory", " (another sweep)"):
-    return _run_sweep(config_arg, workdir, workers, extra_flags, points, verbose)
+    return _run_sweep(config_arg, workdir, workers, extra_flags, points, verbose, stop_grace_s)
 
 
 def _run_sweep(config_arg: str, workdir: str, workers: int, extra_flags: Sequence[str],
-               points: list[dict], verbose: bool) -> list[dict]:
+               points: list[dict], verbose: bool, stop_grace_s: float) -> list[dict]:
   """:func:`run_sweep` in a locked sweep directory."""
-  _CHILDREN.stop_at = None
+  _CHILDREN.reset(stop_grace_s)
   names = point_dirs(workdir, points)
   _write_plan(config_arg, workdir, extra_flags, points, names)
   rows: list[dict | None] = [None] * len(points)
+  refused: list[str] = []  # the trainer's error about a flag every point gets
 
   def one(i):
-    return i, run_point(config_arg, os.path.join(workdir, names[i]), points[i], extra_flags)
+    if refused:  # every later point would be refused the same way
+      return i, {"overrides": dict(points[i]), "status": "not run", "returncode": None,
+                 "error": "not started: a sweep-wide flag is invalid", "skipped": False}
+    rec = run_point(config_arg, os.path.join(workdir, names[i]), points[i], extra_flags)
+    if rec["status"] == "failed" and _refuses_sweep_flags(rec, extra_flags):
+      refused.append(rec["error"])
+    return i, rec
 
   with _stop_children_on_signals(), concurrent.futures.ThreadPoolExecutor(
       max_workers=workers) as ex:
@@ -482,22 +597,38 @@ def _run_sweep(config_arg: str, workdir: str, workers: int, extra_flags: Sequenc
         print(f"[{sum(r is not None for r in rows)}/{len(points)}] {_describe(names[i], rec)}",
               flush=True)
   write_summary(workdir, rows)  # type: ignore[arg-type]
-  stopped = [r["point"] for r in rows if r["status"] == "stopped"]  # type: ignore[index]
-  if stopped:
-    raise SweepStoppedError(
-        f"the sweep was stopped; {len(stopped)} point(s) unfinished, their trainers saved "
-        f"checkpoints (summary in {workdir}). Rerun the same command to continue.")
+  if any(r["status"] == "stopped" for r in rows):  # type: ignore[index]
+    raise SweepStoppedError(stop_message(rows, workdir))  # type: ignore[arg-type]
+  if refused:
+    started = sum(r["returncode"] is not None for r in rows)  # type: ignore[index]
+    raise ValueError(f"a flag given to every point is invalid, no further point was started "
+                     f"({started} ran): {refused[0].removeprefix('error: ')}")
   return rows  # type: ignore[return-value]
 
 
+def _refuses_sweep_flags(rec: Mapping[str, Any], extra_flags: Sequence[str]) -> bool:
+  """Whether a point's trainer refused (exit 2) only flags that every point is given: a typo
+  in ``--config.*`` of the sweep's command failed every point, one trainer start at a time."""
+  if rec.get("returncode") != errors.EXIT_CONFIG:
+    return False
+  text = rec.get("error") or ""
+  found = re.search(r"invalid config override in (\[.*?\]):", text)
+  if found:
+    named = re.findall(r"'([^']*)'", found.group(1))
+  else:  # absl's own form: "flag --config.x=y: <why>"
+    named = re.findall(r"flag (--config\.[^\s:]+)", text)
+  return bool(named) and all(n in extra_flags for n in named)
+
+
 def run_one(config_arg: str, workdir: str, index: int, extra_flags: Sequence[str] = (),
-            points: list[dict] | None = None, process_id: int = 0) -> dict:
+            points: list[dict] | None = None, process_id: int = 0,
+            stop_grace_s: float = STOP_GRACE_S) -> dict:
   """Runs point ``index`` alone into its directory (an array task's share of a sweep).
 
   Writes no summary (other points may be running elsewhere; :func:`collect` writes it).
 
   Args:
-    config_arg, workdir, extra_flags, points: as for :func:`run_sweep`.
+    config_arg, workdir, extra_flags, points, stop_grace_s: as for :func:`run_sweep`.
     index: the point, 0-based in ``points`` (see ``--list``).
     process_id: this host's process in a multi-host point (see :func:`run_point`).
 
@@ -506,14 +637,16 @@ def run_one(config_arg: str, workdir: str, index: int, extra_flags: Sequence[str
 
   Raises:
     ValueError: ``index`` out of range, or no points.
-    SweepStoppedError: a signal stopped the point (its trainer saved a checkpoint).
+    SweepStoppedError: a signal stopped the point (the message names the checkpoint its
+      trainer saved, or says that none was).
   """
+  _check_grace(stop_grace_s)
   points = load_sweep(config_arg) if points is None else points
   if not 0 <= index < len(points):
     raise ValueError(f"--point must be in [0, {len(points)}) for the {len(points)} points of "
                      f"{config_arg!r}, got {index}.")
   os.makedirs(workdir, exist_ok=True)
-  _CHILDREN.stop_at = None
+  _CHILDREN.reset(stop_grace_s)
   names = point_dirs(workdir, points)
   if process_id == 0:
     _write_plan(config_arg, workdir, extra_flags, points, names)
@@ -521,8 +654,9 @@ def run_one(config_arg: str, workdir: str, index: int, extra_flags: Sequence[str
     rec = run_point(config_arg, os.path.join(workdir, names[index]), points[index], extra_flags,
                     process_id=process_id)
   if rec["status"] == "stopped":
-    raise SweepStoppedError(f"point {index} ({names[index]}) was stopped; its trainer saved a "
-                            "checkpoint. Rerun the same command to continue.")
+    note = rec.get("error") or "not started"
+    raise SweepStoppedError(f"point {index} ({names[index]}) was stopped: {note}. Rerun the "
+                            "same command to continue.")
   return {"point": names[index], **rec}
 
 
@@ -548,14 +682,15 @@ def collect(workdir: str, points: Sequence[Mapping[str, Any]]) -> list[dict]:
 
 @contextlib.contextmanager
 def _stop_children_on_signals():
-  """SIGTERM/SIGINT stop the running trainers (a second signal kills them) instead of
-  leaving them orphaned; the sweep then finishes its summary."""
+  """SIGTERM/SIGINT stop the running trainers (see :meth:`_Children.on_signal`) instead of
+  leaving them orphaned; the sweep waits for them, then finishes its summary."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
 
   def handle(signum, frame):
-    _CHILDREN.stop(kill=_CHILDREN.stop_at is not None)
+    del frame
+    _CHILDREN.on_signal(signal.Signals(signum).name)
 
   old = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
   try:
@@ -567,7 +702,8 @@ def _stop_children_on_signals():
 
 def _describe(name: str, rec: Mapping[str, Any]) -> str:
   what = "skipped (done before)" if rec.get("skipped") else rec["status"]
-  return f"{name} {what}" + (f": {rec.get('error')}" if rec["status"] == "failed" else "")
+  detail = rec["status"] in ("failed", "stopped") and rec.get("error")
+  return f"{name} {what}" + (f": {detail}" if detail else "")
 
 
 def _format_table(rows: list[dict]) -> str:
@@ -609,6 +745,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="run only this point (0-based, as --list numbers them)")
   mode.add_argument("--collect", action="store_true",
                     help="write summary.csv/json from the points finished so far; run nothing")
+  parser.add_argument("--stop-grace", type=float, default=STOP_GRACE_S, metavar="SECONDS",
+                      help="after SIGTERM/SIGINT, seconds each running trainer has to save its "
+                           f"checkpoint before it is killed (default {STOP_GRACE_S:g})")
   parser.add_argument("--array-env", default=ARRAY_ENV, metavar="VAR",
                       help="without --point, --list or --collect: when this environment variable "
                            f"is set, run the point it names (default {ARRAY_ENV})")
@@ -652,13 +791,14 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 0 if done == len(rows) else 1
     if point is not None:
       row = run_one(args.config, args.workdir, point, extra_flags=rest,
-                    process_id=_process_id(rest))
+                    process_id=_process_id(rest), stop_grace_s=args.stop_grace)
       print(_describe(row["point"], row), flush=True)
       code = row.get("returncode")
       if row["status"] == "done":
         return 0
       return code if isinstance(code, int) and code > 0 else 1
-    rows = run_sweep(args.config, args.workdir, args.workers, extra_flags=rest)
+    rows = run_sweep(args.config, args.workdir, args.workers, extra_flags=rest,
+                     stop_grace_s=args.stop_grace)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

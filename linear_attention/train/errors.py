@@ -24,7 +24,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_PREEMPTED: "stopped by SIGTERM (or a first Ctrl-C) after saving a checkpoint; rerun "
                     "to resume",
     EXIT_NON_FINITE: "non-finite loss or gradient norm; stopped without saving that state",
-    EXIT_INTERRUPTED: "interrupted (a second Ctrl-C, or one outside the training loop)",
+    EXIT_INTERRUPTED: "interrupted (a second Ctrl-C, or a Ctrl-C or SIGTERM outside the "
+                      "training loop)",
 }
 
 

@@ -542,7 +542,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
     DataError: a later batch broke the data contract (an id outside the vocabulary).
     NonFiniteLossError: the loss or gradient norm became NaN/Inf (the message names the step
       and which of the two).
-    PreemptedError: SIGTERM arrived; a checkpoint of the last step was saved.
+    PreemptedError: SIGTERM (or a first SIGINT) arrived during training; a checkpoint of
+      the last completed step was saved (outside the training loop the command line exits
+      130 at once: nothing was trained since the last checkpoint, or the last one is
+      complete).
   """
   t_start = time.time()
   try:
@@ -626,6 +629,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   eval_n = int(tcfg.eval_batches) if tcfg.eval_batches > 0 else None
   is_text = config.data.get("task") == "text"
   progress = metrics_lib.Progress(total, start, enabled=verbose and lead)
+  if start and lead and not verbose:  # quiet (a sweep's point): the log still says it resumed
+    print(f"resuming at step {start} of {total} from {ckpt.directory}", file=sys.stderr,
+          flush=True)
   progress.message(f"workdir {workdir}: {num_params:,} parameters, "
                    + (f"resuming at step {start}" if start else "starting at step 0")
                    + f" of {total}, {mesh.shape[sharding.DATA]} device(s)"
@@ -713,9 +719,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
         if stopped_at is not None:
           break
       window.drain()
-    if stopped_at is None and start >= total and total > 0 and ckpt.latest_step() != total:
-      ckpt.save(total, state, force=True)
-    ckpt.wait_until_finished()
+      if stopped_at is None and start >= total and total > 0 and ckpt.latest_step() != total:
+        ckpt.save(total, state, force=True)
+      # Still under the loop's handler: a stop while the last checkpoint is written waits
+      # for it (outside, a signal exits at once and the write would be lost).
+      ckpt.wait_until_finished()
+      if sigterm.set and stopped_at is None:  # (an early stop has only its metrics to write)
+        raise PreemptedError(f"{sigterm.name} at step {step}; checkpoint saved in "
+                             f"{ckpt.directory}. Rerun the same command to resume.")
     val = last_eval if stopped_at is not None else run_eval(total)
   finally:
     progress.close()

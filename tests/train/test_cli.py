@@ -39,14 +39,29 @@ def _run(cmd, **kw):
     ("configs/mqar.py:size=smoke", ["--config.optim.lrr=1"], "optim.lrr"),
     ("configs/mqar.py:size=smoke,colour=red", [], "unknown config argument 'colour'"),
     ("configs/mqar.py:size=smoke", ["--config.model.mixer=nope"], "unknown mixer 'nope'"),
+    # Only the bad flag of several (a sweep's point passes many): before, all three.
+    ("configs/mqar.py:size=smoke", ["--config.optim.lr=0.01", "--config.train.stepz=3",
+                                    "--config.model.mixer=gla"],
+     r"^error: invalid config override in \['--config.train.stepz=3'\]: no such config "
+     r"field: stepz"),
 ])
 def test_config_errors_write_nothing(tmp_path, config, flags, match):
   wd = tmp_path / "run"
   p = _run(_main_cmd(wd, config, *flags))
   assert p.returncode != 0
-  assert __import__("re").search(match, p.stderr), p.stderr[-2000:]
+  assert __import__("re").search(match, p.stderr, __import__("re").M), p.stderr[-2000:]
   assert "Traceback" not in p.stderr
   assert not wd.exists()
+
+
+def test_a_config_error_names_the_flags_it_is_about():
+  from linear_attention import main
+  argv = ["--config.optim.lr=0.01", "--config.model.nope.x=1", "--config.train.steps=5"]
+  assert main.culprits(argv, 'no such config field: "nope"') == ["--config.model.nope.x=1"]
+  # The hint's field name ("steps") is not the culprit.
+  assert main.culprits(argv + ["--config.train.stepz=3"], 'no such config field: stepz Did '
+                       'you mean "steps" instead of "stepz"?') == ["--config.train.stepz=3"]
+  assert main.culprits(argv, "something else") == argv  # not found: all of them
 
 
 def test_missing_config_file_is_one_line(tmp_path):
