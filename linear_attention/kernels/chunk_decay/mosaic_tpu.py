@@ -12,12 +12,11 @@ vector decay at the chunk end as a column, ``[K, 1]`` per chunk).
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from linear_attention.kernels import dispatch
 from linear_attention.kernels.chunk_decay import blocks
 
 
@@ -109,18 +108,11 @@ def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int,
   The chunk axis is sequential for the kernels that carry a state, parallel for ``dq``."""
   b, h, _ = inputs[0][1].shape[:3]
   kernel, carries = _KERNELS[kind]
-  specs = _specs(cfg, n_chunks, kp, reverse)
-  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs) + ("acc",) * carries
-  out = pl.pallas_call(
-      functools.partial(kernel, names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
-      grid=(b, h, vp // cfg.block_v, n_chunks),
-      in_specs=[specs[s] for _, _, s in inputs],
-      out_specs=[specs[s] for _, _, s in outputs],
-      out_shape=[o for _, o, _ in outputs],
-      scratch_shapes=[pltpu.VMEM((kp, cfg.block_v), jnp.float32)] * carries,
+  return dispatch.named_pallas_call(
+      kernel, inputs, outputs, _specs(cfg, n_chunks, kp, reverse),
+      grid=(b, h, vp // cfg.block_v, n_chunks), interpret=cfg.interpret,
+      name=f"chunk_decay_{kind}_{cfg.mode}",
       compiler_params=pltpu.CompilerParams(dimension_semantics=(
           "parallel", "parallel", "parallel", "arbitrary" if carries else "parallel")),
-      interpret=cfg.interpret,
-      name=f"chunk_decay_{kind}_{cfg.mode}",
-  )(*(x for _, x, _ in inputs))
-  return dict(zip((n for n, _, _ in outputs), out))
+      scratch=[("acc", pltpu.VMEM((kp, cfg.block_v), jnp.float32))] if carries else [],
+      cfg=cfg, n_chunks=n_chunks, kp=kp)

@@ -15,8 +15,6 @@ column, ``[N * K, 1]``).
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -99,16 +97,9 @@ def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int,
   """
   del reverse
   b, h, tp = inputs[0][1].shape[:3]
-  specs = _specs(cfg, n_chunks, tp, kp)
-  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs)
-  out = pl.pallas_call(
-      functools.partial(_KERNELS[kind], names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
-      grid=(b, h, vp // cfg.block_v),
-      in_specs=[specs[s] for _, _, s in inputs],
-      out_specs=[specs[s] for _, _, s in outputs],
-      out_shape=[o for _, o, _ in outputs],
-      interpret=cfg.interpret,
+  return dispatch.named_pallas_call(
+      _KERNELS[kind], inputs, outputs, _specs(cfg, n_chunks, tp, kp),
+      grid=(b, h, vp // cfg.block_v), interpret=cfg.interpret,
       name=f"chunk_decay_{kind}_{cfg.mode}",
       compiler_params=dispatch.triton_compiler_params(cfg.num_warps, cfg.num_stages),
-  )(*(x for _, x, _ in inputs))
-  return dict(zip((n for n, _, _ in outputs), out))
+      cfg=cfg, n_chunks=n_chunks, kp=kp)
