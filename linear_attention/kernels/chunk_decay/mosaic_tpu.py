@@ -76,7 +76,8 @@ def _tpu_dkv_kernel(*refs, names, cfg, n_chunks, kp):
 
   @pl.when(i == n_chunks - 1)
   def _():
-    r["ds0"][...] = dstate
+    if "ds0" in r:  # the dk kernel of a split sweep leaves it to the dv kernel
+      r["ds0"][...] = dstate
 
 
 def _specs(cfg: blocks.KernelConfig, n_chunks: int, kp: int, reverse: bool):
@@ -98,12 +99,14 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, kp: int, reverse: bool):
 
 # kind: (kernel, whether it carries a state across the chunk axis in a VMEM scratch)
 _KERNELS = {"fwd": (_tpu_fwd_kernel, True), "states": (_tpu_states_kernel, True),
-            "bwd_dq": (_tpu_dq_kernel, False), "bwd_dkv": (_tpu_dkv_kernel, True)}
+            "bwd_dq": (_tpu_dq_kernel, False), "bwd_dkv": (_tpu_dkv_kernel, True),
+            "bwd_dk": (_tpu_dkv_kernel, True), "bwd_dv": (_tpu_dkv_kernel, True)}
 
 
 def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int, kp: int,
          vp: int, reverse: bool = False):
-  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"`` or ``"bwd_dkv"``);
+  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"``, ``"bwd_dkv"``,
+  ``"bwd_dk"`` or ``"bwd_dv"``);
   arguments as in :func:`..triton.call`, ``reverse`` visiting the chunks last to first.
   The chunk axis is sequential for the kernels that carry a state, parallel for ``dq``."""
   b, h, _ = inputs[0][1].shape[:3]

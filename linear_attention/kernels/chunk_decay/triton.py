@@ -65,7 +65,9 @@ def _gpu_dkv_kernel(*refs, names, cfg, n_chunks, kp):
     glc = r["glc"][pl.ds(j * kp, kp), :] if cfg.mode == "vector" else None
     return blocks.dkv_block(r, pl.multiple_of(j * cfg.chunk, cfg.chunk), grow, glc, dstate, cfg)
 
-  r["ds0"][...] = lax.fori_loop(0, n_chunks, body, r["dst"][...].astype(jnp.float32))
+  ds0 = lax.fori_loop(0, n_chunks, body, r["dst"][...].astype(jnp.float32))
+  if "ds0" in r:  # the dk kernel of a split sweep leaves it to the dv kernel
+    r["ds0"][...] = ds0
 
 
 def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
@@ -84,12 +86,13 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
 
 
 _KERNELS = {"fwd": _gpu_fwd_kernel, "states": _gpu_states_kernel, "bwd_dq": _gpu_dq_kernel,
-            "bwd_dkv": _gpu_dkv_kernel}
+            "bwd_dkv": _gpu_dkv_kernel, "bwd_dk": _gpu_dkv_kernel, "bwd_dv": _gpu_dkv_kernel}
 
 
 def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int, kp: int,
          vp: int, reverse: bool = False):
-  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"`` or ``"bwd_dkv"``).
+  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"``, ``"bwd_dkv"``,
+  or ``"bwd_dk"`` and ``"bwd_dv"`` for a split sweep).
 
   ``inputs``: ``[(name, array [B, H, ...], spec kind)]`` (arrays present only);
   ``outputs``: ``[(name, ShapeDtypeStruct, spec kind)]``. Returns ``{name: array}``.
