@@ -9,7 +9,7 @@ the case (fwd/states/bwd, fwd/dq/dkv). Writes the same as JSON::
 
     python experiments/compile_report.py [--targets h200,a100,v5e,v6e]
         [--cases chunk_decay] [--python .venv312-compile/bin/python]
-        [--out results/compile_report.json]
+        [--out results/compile_report.json] [--merge]
 
 Needs jax >= 0.11 with jax-cuda13-plugin (GPU targets; ptxas on PATH) and
 libtpu (TPU targets); ``--python`` names an interpreter that has them when
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -67,24 +68,38 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--targets", default="h200,a100,v5e,v6e",
                  help="comma-separated subset of " + ",".join(aot.TARGETS))
-  p.add_argument("--cases", default="", help="only cases whose name contains this string")
+  p.add_argument("--cases", default="",
+                 help="only cases whose name contains each of these comma-separated strings")
   p.add_argument("--python", default=sys.executable,
                  help="interpreter with jax >= 0.11 and the plugin/libtpu")
   p.add_argument("--out", default="results/compile_report.json")
+  p.add_argument("--merge", action="store_true",
+                 help="replace only these targets' cases in the existing --out, keep the rest")
   args = p.parse_args(argv)
-  names = [n for n in aot.CASES if args.cases in n]
+  names = [n for n in aot.CASES if all(part in n for part in args.cases.split(","))]
   env_jax = subprocess.run([args.python, "-c", "import jax; print(jax.__version__)"],
                            capture_output=True, text=True).stdout.strip()
   report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "jax": env_jax, "targets": {}}
   failed = 0
-  for target in args.targets.split(","):
-    t0 = time.perf_counter()
-    results = aot.run_target(target, names, python=args.python, timeout=3000)
+  t0 = time.perf_counter()
+  # Every target's cases in one pool of children, one a core.
+  every = aot.run_targets({t: names for t in args.targets.split(",")}, timeout=3000,
+                          python=args.python)
+  for target, results in every.items():
     report["targets"][target] = {"seconds": time.perf_counter() - t0, "cases": results}
     failed += sum(not r["ok"] for r in results.values())
-    print(table(target, results), flush=True)
-    print(f"({time.perf_counter() - t0:.0f}s)\n", flush=True)
+    print(table(target, results) + "\n", flush=True)
+  print(f"({time.perf_counter() - t0:.0f}s for all targets)", flush=True)
+  if args.merge and os.path.exists(args.out):
+    with open(args.out) as f:
+      old = json.load(f)
+    for target, entry in report["targets"].items():
+      cases = dict(old["targets"].get(target, {}).get("cases", {}), **entry["cases"])
+      old["targets"][target] = dict(entry, cases=cases)  # seconds: this run's cases only
+    old.setdefault("updates", []).append(
+        {"date": report["date"], "jax": env_jax, "targets": args.targets, "cases": args.cases})
+    report = old
   write_json(args.out, report)
   print(f"wrote {args.out}; {failed} case(s) failed")
   return 1 if failed else 0

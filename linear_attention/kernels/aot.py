@@ -379,11 +379,12 @@ def run_target(target: str, names: list[str] | None = None, *, python: str | Non
     if n not in CASES:
       raise ValueError(f"names must be case names of aot.CASES, got {n!r}.")
   results: dict[str, dict] = {}
+  gpu_detail = detail and platform_of(target) == "gpu"  # nothing to read on TPU
   deadline = time.monotonic() + timeout
   with tempfile.TemporaryDirectory(prefix=f"aot_{target}_") as tmp:
     todo = list(names)
     while todo:
-      dump_root = os.path.join(tmp, f"run{len(results)}") if detail else None
+      dump_root = os.path.join(tmp, f"run{len(results)}") if gpu_detail else None
       cmd = [python or sys.executable, "-m", "linear_attention.kernels.aot", "--child",
              "--target", target, "--cases", ",".join(todo)]
       if dump_root:
@@ -391,7 +392,7 @@ def run_target(target: str, names: list[str] | None = None, *, python: str | Non
       try:
         proc = subprocess.run(cmd, capture_output=True, text=True,
                               timeout=max(1.0, deadline - time.monotonic()),
-                              env=child_env(target, detail))
+                              env=child_env(target, gpu_detail))
         out, err, rc = proc.stdout, proc.stderr, proc.returncode
       except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -402,7 +403,7 @@ def run_target(target: str, names: list[str] | None = None, *, python: str | Non
       for i, r in enumerate(done):
         name = r.pop("case")
         r["kernels"] = {}
-        if detail and platform_of(target) == "gpu":
+        if gpu_detail:
           regs = parse_ptxas(logs.get(name, ""))
           smem = parse_thunks(os.path.join(dump_root, str(i)))
           for k in sorted(set(regs) | set(smem)):
@@ -427,7 +428,8 @@ def run_target(target: str, names: list[str] | None = None, *, python: str | Non
 
 
 def run_targets(wanted: dict[str, list[str]], *, workers: int | None = None,
-                timeout: float = 900.0, detail: bool = True) -> dict[str, dict[str, dict]]:
+                timeout: float = 900.0, detail: bool = True,
+                python: str | None = None) -> dict[str, dict[str, dict]]:
   """Compiles several targets' cases at once: each target's cases are dealt into
   ``workers`` children (a compile child is one process on one core), all run concurrently.
 
@@ -435,21 +437,24 @@ def run_targets(wanted: dict[str, list[str]], *, workers: int | None = None,
     wanted: ``{target: case names}`` (see :func:`run_target`).
     workers: children at a time (default: this machine's cores).
     timeout: seconds for each child.
-    detail: as in :func:`run_target`.
+    detail, python: as in :func:`run_target`.
 
   Returns:
     ``{target: {case: result}}`` as :func:`run_target` returns per target.
   """
   workers = max(1, workers or os.cpu_count() or 1)
   jobs = [(t, sorted(names)[i::workers]) for t, names in wanted.items() for i in range(workers)]
-  jobs = [(t, names) for t, names in jobs if names]
+  # TPU children first, then the bigger: Mosaic compiles take longest, so the
+  # pool's last jobs are short ones.
+  jobs = sorted([(t, names) for t, names in jobs if names],
+                key=lambda job: (platform_of(job[0]) != "tpu", -len(job[1])))
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     done = list(pool.map(lambda job: (job[0], run_target(job[0], job[1], timeout=timeout,
-                                                         detail=detail)), jobs))
+                                                         detail=detail, python=python)), jobs))
   out: dict[str, dict[str, dict]] = {t: {} for t in wanted}
   for target, results in done:
     out[target].update(results)
-  return out
+  return {t: dict(sorted(r.items())) for t, r in out.items()}
 
 
 def main(argv=None) -> int:

@@ -87,11 +87,7 @@ def unsupported_arguments(q, v=None, chunk_size=None, platform=None) -> dict[str
   ``segment_ids``, ``R`` sub-steps and every decay shape are supported.
   """
   bad = dispatch.unsupported_dtypes(q=q, v=v)
-  if chunk_size is not None:
-    try:
-      blocks.check_chunk(chunk_size, platform or dispatch.default_platform())
-    except ValueError as e:
-      bad["chunk_size"] = str(e).rstrip(".")  # the caller adds its own
+  bad.update(blocks.unsupported_chunk(chunk_size, platform))
   return bad
 
 

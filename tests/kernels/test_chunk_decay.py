@@ -26,10 +26,10 @@ B, T, H, K, V = 1, 40, 2, 16, 32  # T: one full chunk of 32 and a partial one
 PATHS = {
     # Sub-chunks of 16 in a chunk of 32: the off-diagonal sub-chunk path runs.
     "gpu": dict(platform="gpu", block_sizes=cd.ChunkDecayBlockSizes(chunk=32, sub_chunk=16, block_v=16)),
-    # The GPU default's split: the sweeps (forward, dk/dv) in chunks of 16, the
-    # stored states (and dq) every 32 steps; T padded to 64.
+    # The GPU default's splits: dk and dv in two reverse sweeps, and the stored
+    # states (and dq) every state_chunk steps, here 16 against sweeps of 32.
     "gpu_split": dict(platform="gpu", block_sizes=cd.ChunkDecayBlockSizes(
-        chunk=16, sub_chunk=16, block_v=16, state_chunk=32)),
+        chunk=32, sub_chunk=16, block_v=16, state_chunk=16, split_dkv=True)),
     "tpu": dict(platform="tpu", block_sizes=cd.ChunkDecayBlockSizes(
         chunk=16, sub_chunk=8, block_v=16, state_chunk=24)),
 }

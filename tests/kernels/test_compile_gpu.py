@@ -8,8 +8,10 @@ compiled for an H200 (sm_90, 232448 B of shared memory per block) and an A100
 (sm_80, 166912 B) through Triton and ``ptxas``. A case fails when the compiler
 refuses it (e.g. ``RESOURCE_EXHAUSTED: Shared memory size limit exceeded``) or
 when ``ptxas -v`` reports spilled registers in one of its Pallas kernels beyond
-the measured exceptions of :data:`ACCEPTED_SPILLS`. Every case on H200, the
-bf16 ``gpu_check`` cases on A100.
+the measured exceptions of :data:`ACCEPTED_SPILLS`. Every case on H200 but
+float32 at the odd shape (its tiles are smaller than at the ``gpu_check``
+shape, which float32 is checked at, and its padding is the bf16 odd case's),
+the bf16 ``gpu_check`` cases on A100.
 
 Runs in ``.ci/run``'s compile stage (Python 3.12, jax 0.11.2 with
 ``jax-cuda13-plugin``); elsewhere it skips, saying what is missing.
@@ -32,17 +34,11 @@ DETAIL = True  # shared memory, registers and spills per kernel
 # (stores + loads) allowed, the most measured on H200 (all cases) and A100
 # (gpu_check shapes) rounded up to 512 B}, so that more spilling fails too.
 # Everything else must not spill (bf16 flash attention and the scan do not).
-# * chunk_decay_bwd_dkv, bf16: 24 B on A100 for per-channel decays (the dk/dv
-#   sweep holds dS [K, block_v], the chunk's [16, K] tiles and the pair rows;
-#   255 registers); H200 spills nothing. Before the backward was split into
-#   dq and dk/dv kernels (and the sweeps cut to chunks of 16) it spilled up to
-#   4388 B on H200 and 132400 B on A100. Tried for that kernel alone on A100
-#   (B): 1 or 3 stages 24; 4 warps 248, 16 warps 1276; block_v 16: 64; dS
-#   entering after the leaving state's dots 216; k, v kept bf16 through the
-#   pair loop 24; dv from a [16, 16] pair matrix and a dot 40.
-# * chunk_decay_bwd_dkv and chunk_decay_fwd, float32 only (full-precision
-#   dots of [16, 128] float32 tiles): dk/dv up to 6392 B (no decay), the
-#   forward up to 1320 B, on H200; the dq and states kernels spill nothing.
+# * chunk_decay_fwd, float32 only: 16 B on H200 without a decay (255 registers;
+#   block_v 16 for float32, 8 warps, 2 stages; 1320 B at block_v 32). The
+#   backward spills nothing since its dk/dv sweep is two kernels, bwd_dk and
+#   bwd_dv (one kernel for both, chunk 16: 24 B in bf16 on A100 with per-channel
+#   decays, up to 6392 B in float32 on H200; 8 other tilings failed for it).
 # * chunk_delta fwd, states and bwd, float32 only (3-pass TF32 dots of float32
 #   [64, 128] tiles, one pipeline stage): 704 / 40 / 1180 B on H200 at the
 #   gpu_check shape (Triton's exact float32 dot spilled 49540 / 20228 / 6216 B);
@@ -53,9 +49,7 @@ DETAIL = True  # shared memory, registers and spills per kernel
 #   (H200 and A100) spill nothing.
 # * flash_attention dq and dk/dv, float32 only: float32 tiles of a head of 128.
 ACCEPTED_SPILLS: dict[tuple[str, str], int] = {
-    ("chunk_decay_bwd_dkv", "bf16"): 512,
-    ("chunk_decay_bwd_dkv", "f32"): 6656,
-    ("chunk_decay_fwd", "f32"): 1536,
+    ("chunk_decay_fwd", "f32"): 512,
     ("chunk_delta_bwd", "f32"): 1536,
     ("chunk_delta_fwd", "f32"): 1024,
     ("chunk_delta_states", "f32"): 512,
@@ -81,10 +75,11 @@ def _missing() -> str | None:
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 
-compiled = aot_fixtures.compiled_fixture(__name__, DETAIL)
+compiled = aot_fixtures.compiled_fixture(__name__, DETAIL, _missing() is None)
 
 
-@pytest.mark.parametrize("target,case", aot_fixtures.cases(TARGETS))
+@pytest.mark.parametrize("target,case", aot_fixtures.cases(
+    TARGETS, first=lambda c: not c.endswith("/f32/odd")))
 def test_compiles_without_spills(compiled, target, case):
   result = compiled(target)[case]
   assert result["ok"], f"{case} does not compile for {target}: {result['error']}"

@@ -25,8 +25,9 @@ points that share it:
   Blocks are ``(chunk, K)``/``(chunk, block_v)``: chunk a multiple of 8,
   ``block_v`` a multiple of 128 or all of ``V``, the (8, 128) tiling.
 
-The backward pass (``jax.custom_vjp``) has three kernels, as flash attention
-splits its backward, so that no program holds the tiles of all gradients:
+The backward pass (``jax.custom_vjp``) has three kernels (four on GPU), as
+flash attention splits its backward, so that no program holds the tiles of
+all gradients:
 
 * ``states``: a forward sweep stores the state entering every chunk of
   ``state_chunk`` steps (a transient float32 ``[T / state_chunk, K, V]``
@@ -36,7 +37,10 @@ splits its backward, so that no program holds the tiles of all gradients:
 * ``bwd_dkv``: ``dk``, ``dv`` and the initial state's gradient, sweeping
   the chunks in reverse carrying ``dS``, the gradient of the state, on chip;
   it needs no states, so its chunk (``chunk``, shared with the forward) can be
-  shorter than ``state_chunk``.
+  shorter than ``state_chunk``. With ``block_sizes.split_dkv`` (the GPU
+  default) two such sweeps, ``bwd_dk`` and ``bwd_dv``, each carry ``dS`` and
+  hold one gradient's tiles: one sweep for both spilled registers on H200 and
+  A100; the second costs one more ``[K, C] x [C, block_v]`` dot per chunk.
 
 ``dq`` and ``dk`` (sums over ``V``) come out per value block and are added up
 outside. The log decay's gradient is not computed in the kernels: the outputs
@@ -138,7 +142,7 @@ def _core_fwd(cfg, q, k, v, g, s0):
 def _core_bwd(cfg, res, cts):
   """Three kernels: the states entering each chunk of ``cfg.state_chunk`` steps (a
   forward sweep), ``dq`` from them (no sweep), and ``dk, dv, dS0`` (a reverse sweep
-  over chunks of ``cfg.chunk`` steps; no states). The log decay's gradient follows
+  over chunks of ``cfg.chunk`` steps; no states; two with ``cfg.split_dkv``). The log decay's gradient follows
   from ``dq`` and ``dk`` (:func:`_log_decay_grad`)."""
   q, k, v, g, s0, st = res
   do, dst = cts
@@ -166,12 +170,19 @@ def _core_bwd(cfg, res, cts):
   shapes = dict(n_chunks=n_chunks, kp=kp, vp=vp)
   gc = _cumulate(g, cfg.chunk)
   grow, glc = _side_inputs(gc, cfg, n_chunks)
-  out = _call("bwd_dkv", cfg, [
-      ("q", q, "rows_k"), ("k", k, "rows_k"), ("v", v, "rows_v"), ("do", do, "rows_v"),
-      ("g", gc, g_kind), ("grow", grow, "grow"), ("glc", glc, "glc"), ("dst", dst, "state")], [
-      ("dk", part, "part_k"), ("dv", jax.ShapeDtypeStruct((b, h, tp, vp), jnp.float32), "rows_v"),
-      ("ds0", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")],
-      reverse=True, **shapes)
+  inputs = [("q", q, "rows_k"), ("k", k, "rows_k"), ("v", v, "rows_v"), ("do", do, "rows_v"),
+            ("g", gc, g_kind), ("grow", grow, "grow"), ("glc", glc, "glc"), ("dst", dst, "state")]
+  dk_out = ("dk", part, "part_k")
+  dv_outs = [("dv", jax.ShapeDtypeStruct((b, h, tp, vp), jnp.float32), "rows_v"),
+             ("ds0", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")]
+  if cfg.split_dkv:
+    # Each sweep carries dS itself; dk needs no k, dv no v.
+    out = _call("bwd_dk", dataclasses.replace(cfg, grads="dk"),
+                [x for x in inputs if x[0] != "k"], [dk_out], reverse=True, **shapes)
+    out |= _call("bwd_dv", dataclasses.replace(cfg, grads="dv"),
+                 [x for x in inputs if x[0] != "v"], dv_outs, reverse=True, **shapes)
+  else:
+    out = _call("bwd_dkv", cfg, inputs, [dk_out] + dv_outs, reverse=True, **shapes)
 
   dq = jnp.sum(dq, 0) * cfg.scale
   dk = jnp.sum(out["dk"], 0)
@@ -237,7 +248,7 @@ def chunk_decay_attention(
     initial_state: optional ``[B, H, K, V]`` (float32 inside).
     return_state: also return the final float32 state ``[B, H, K, V]``.
     block_sizes: the tiling (:class:`ChunkDecayBlockSizes`); ``None``:
-      ``ChunkDecayBlockSizes.default(platform)``. Any ``T``, ``K``, ``V`` work
+      ``ChunkDecayBlockSizes.default(platform, q.dtype)``. Any ``T``, ``K``, ``V`` work
       (padded inside).
     platform: ``"gpu"`` (Triton) or ``"tpu"`` (Mosaic) kernel; ``None``: the
       platform of the device the call compiles for (``dispatch.current_platform``),
@@ -254,6 +265,8 @@ def chunk_decay_attention(
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_log_decay(log_decay, b, t, h, dk)
   common.check_state("initial_state", initial_state, (b, h, dk, dv))
+  if block_sizes is None:
+    block_sizes = ChunkDecayBlockSizes.default(platform or dispatch.default_platform(), q.dtype)
   platform, block_sizes, interpret = dispatch.resolve_launch(
       "chunk_decay_attention", unsupported_arguments(q, log_decay), platform, block_sizes,
       ChunkDecayBlockSizes, interpret)
@@ -278,7 +291,8 @@ def _chunk_decay(q, k, v, log_decay, initial_state, *, scale, block_sizes, platf
   cfg = KernelConfig(mode=mode, chunk=c, sub=block_sizes.sub_chunk, block_v=bv,
                      scale=float(scale), platform=platform, interpret=interpret,
                      exact_dots=jnp.dtype(q.dtype) == jnp.float32, state_chunk=sc,
-                     num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages)
+                     num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages,
+                     split_dkv=block_sizes.split_dkv)
 
   def layout(x, width):  # [B, T, H, D] -> [B, H, Tp, width], zero padded
     x = jnp.swapaxes(x, 1, 2)

@@ -51,6 +51,8 @@ class ChunkDecayBlockSizes:
       ``min(sub_chunk, state_chunk)`` divides it.
     num_warps, num_stages: GPU only, passed to the Triton compiler params
       (``None``: Triton's defaults).
+    split_dkv: the backward's reverse sweep as two kernels, one for ``dk``
+      and one for ``dv`` (each carries ``dS`` itself), instead of one for both.
   """
   chunk: int = 64
   sub_chunk: int = 16
@@ -58,6 +60,7 @@ class ChunkDecayBlockSizes:
   num_warps: int | None = None
   num_stages: int | None = None
   state_chunk: int | None = None
+  split_dkv: bool = False
 
   def __post_init__(self):
     for name in ("chunk", "sub_chunk", "block_v"):
@@ -74,22 +77,29 @@ class ChunkDecayBlockSizes:
                        f"or exceed it, got {self.sub_chunk}.")
 
   @classmethod
-  def default(cls, platform: str) -> "ChunkDecayBlockSizes":
-    """The default tiling for ``platform``.
+  def default(cls, platform: str, dtype=None) -> "ChunkDecayBlockSizes":
+    """The default tiling for ``platform`` and the inputs' ``dtype``.
 
-    GPU: sweeps in chunks of 16, states stored every 32 steps, value blocks
-    of 32, 8 warps, 2 pipeline stages, chosen from deviceless compiles for
-    H200 and A100 at K = V = 128 (``experiments/compile_report.py``,
+    GPU: sweeps in chunks of 16, states stored every 32 steps, ``dk`` and
+    ``dv`` in two sweeps, value blocks of 32 (16 for float32), 8 warps, 2
+    pipeline stages, chosen from deviceless compiles for H200 and A100 at
+    K = V = 128 (``experiments/compile_report.py``,
     ``tests/kernels/test_compile_gpu.py``). Triton's defaults (chunk 64,
     block_v 64, 4 warps, 3 stages) asked for 295936 B of shared memory in the
-    forward (232448 available on H100/H200, 166912 on A100). With the backward
-    split, the ``dk, dv`` sweep still needed 255 registers a thread and
-    spilled at chunk 32 (596-1212 B on H200, bf16) and none at 16; ``dq``
-    does not spill at 32, and the states it reads cost half the HBM of 16.
-    4 warps spill more than 8; 1 or 3 stages more than 2.
+    forward (232448 available on H100/H200, 166912 on A100). One sweep for
+    ``dk`` and ``dv`` needed 255 registers a thread and spilled (chunk 32:
+    596-1212 B on H200, bf16; chunk 16: 24 B on A100 with per-channel decays,
+    6392 B on H200 in float32); split, neither spills in bf16, for about 13%
+    more backward FLOPs (the second sweep's ``dS`` dot). Float32 tiles take
+    twice the registers: block_v 32 spilled up to 1320 B in the forward and
+    1036 B in the ``dv`` sweep on H200, 16 about none. ``dq`` does not spill
+    at 32, and the states it reads cost half the HBM of 16. 4 warps spill
+    more than 8; 1 or 3 stages more than 2.
     """
     if platform == "gpu":
-      return cls(chunk=16, sub_chunk=16, block_v=32, num_warps=8, num_stages=2, state_chunk=32)
+      f32 = dtype is not None and jnp.dtype(dtype) == jnp.float32
+      return cls(chunk=16, sub_chunk=16, block_v=16 if f32 else 32, num_warps=8, num_stages=2,
+                 state_chunk=32, split_dkv=True)
     return cls()
 
   def check(self, platform: str, interpret=False) -> None:
@@ -120,6 +130,8 @@ class KernelConfig:
   state_chunk: int = 0  # the backward's states and dq kernels: their chunk
   num_warps: int | None = None
   num_stages: int | None = None
+  split_dkv: bool = False
+  grads: str = "dkv"  # the reverse sweep's outputs: "dkv" (both), "dk" or "dv"
 
 
 # ----------------------------------------------------------- shared block logic
@@ -293,14 +305,16 @@ def dq_block(r, base, grow, state, cfg: KernelConfig):
 
 
 def dkv_block(r, base, grow, glcol, dstate, cfg: KernelConfig):
-  """One chunk of ``dk`` (partial over this value block) and ``dv``; returns
-  ``dS`` for the state entering the chunk.
+  """One chunk of ``dk`` (partial over this value block) and ``dv`` (those
+  of ``cfg.grads``); returns ``dS`` for the state entering the chunk.
 
   ``dstate [K, bv]``: the gradient of the state leaving the chunk. Needs no
   state: a key reaches later queries of its chunk and the leaving state.
-  ``r``: refs ``q, k, v, do, g`` and the outputs ``dk, dv``, from row ``base``.
+  ``r``: refs ``q, do, g``, ``v`` for ``dk``, ``k`` for ``dv``, and the outputs,
+  from row ``base``.
   """
   c, dt = cfg.chunk, r["q"].dtype
+  want = ("dk", "dv") if cfg.grads == "dkv" else (cfg.grads,)
   q = _rows(r["q"], base, c) * cfg.scale
   do = _rows(r["do"], base, c)
 
@@ -308,20 +322,24 @@ def dkv_block(r, base, grow, glcol, dstate, cfg: KernelConfig):
     r[name][pl.ds(start, x.shape[0]), :] = x.astype(r[name].dtype)
 
   if cfg.mode != "vector":
-    k, v = _rows(r["k"], base, c), _rows(r["v"], base, c)
     gcol = _rows(r["g"], base, c) if cfg.mode == "scalar" else None
     glast = _rows(r["g"], base + c - 1, 1) if cfg.mode == "scalar" else None
     m, eq, ek, a = _scalar_masks(gcol, grow, glast, c, cfg.mode)
-    grads = {
-        "dk": lambda: _dot(_dot(do, v, "nt", cfg, dt) * m, q, "tn", cfg, dt)
-                      + ek * _dot(v, dstate, "nt", cfg, dt),
-        "dv": lambda: _dot(_dot(q, k, "nt", cfg, dt) * m, do, "tn", cfg, dt)
-                      + _dot(k * ek, dstate, "nn", cfg, dt)}
+
+    def dk():
+      v = _rows(r["v"], base, c)
+      return _dot(_dot(do, v, "nt", cfg, dt) * m, q, "tn", cfg, dt) + ek * _dot(v, dstate, "nt", cfg, dt)
+
+    def dv():
+      k = _rows(r["k"], base, c)
+      return _dot(_dot(q, k, "nt", cfg, dt) * m, do, "tn", cfg, dt) + _dot(k * ek, dstate, "nn", cfg, dt)
+
     # The order changes the registers ptxas needs: dv first spilled least in
     # bfloat16 (A100, scalar decay: 0 B, 248 B the other way), dk first in
     # float32 (H200: 380 B, 3672 B the other way).
     for name in ("dk", "dv") if cfg.exact_dots else ("dv", "dk"):
-      store(name, base, grads[name]())
+      if name in want:
+        store(name, base, {"dk": dk, "dv": dv}[name]())
     return a * dstate + _dot(q * eq, do, "tn", cfg, dt)
 
   s, n = cfg.sub, cfg.chunk // cfg.sub
@@ -335,27 +353,36 @@ def dkv_block(r, base, grow, glcol, dstate, cfg: KernelConfig):
   for i in range(n):
     lo = i * s
     qi = _rows(r["q"], base + lo, s) * cfg.scale
-    ki, vi, doi, gi = (_rows(r[nm], base + lo, s) for nm in ("k", "v", "do", "g"))
+    doi, gi = _rows(r["do"], base + lo, s), _rows(r["g"], base + lo, s)
+    ki = _rows(r["k"], base + lo, s) if "dv" in want else None
+    vi = _rows(r["v"], base + lo, s) if "dk" in want else None
     # Through the leaving state.
     ek = jnp.exp(glast - gi)
-    dk = ek * _dot(vi, dstate, "nt", cfg, dt)
-    dv = _dot(ki * ek, dstate, "nn", cfg, dt)
+    acc = {}
+    if "dk" in want:
+      acc["dk"] = ek * _dot(vi, dstate, "nt", cfg, dt)
+    if "dv" in want:
+      acc["dv"] = _dot(ki * ek, dstate, "nn", cfg, dt)
     if i < n - 1:  # this key sub-chunk against later queries (reference: its end)
       gm = _rows(r["g"], base + lo + s - 1, 1)
       q_ref = q * jnp.exp(jnp.minimum(g - gm, 0.0))
-      scores = jnp.where(later >= lo + s, _dot(q_ref, ki * jnp.exp(gm - gi), "nt", cfg, dt), 0.0)
-      dscores = jnp.where(later >= lo + s, _dot(do, vi, "nt", cfg, dt), 0.0)
-      dv += _dot(scores, do, "tn", cfg, dt)
-      dk += jnp.exp(gm - gi) * _dot(dscores, q_ref, "tn", cfg, dt)
+      if "dv" in want:
+        scores = jnp.where(later >= lo + s, _dot(q_ref, ki * jnp.exp(gm - gi), "nt", cfg, dt), 0.0)
+        acc["dv"] += _dot(scores, do, "tn", cfg, dt)
+      if "dk" in want:
+        dscores = jnp.where(later >= lo + s, _dot(do, vi, "nt", cfg, dt), 0.0)
+        acc["dk"] += jnp.exp(gm - gi) * _dot(dscores, q_ref, "tn", cfg, dt)
     # Pairs inside the sub-chunk, exact per channel, one query row at a time.
-    def pair_step(row, pair, dkv, lo=lo, qi=qi, doi=doi, ki=ki, vi=vi):
-      q_row = _row(r, "q", base + lo, row, qi, cfg, cfg.scale)
+    def pair_step(row, pair, acc, lo=lo, qi=qi, doi=doi, ki=ki, vi=vi):
+      qp = _row(r, "q", base + lo, row, qi, cfg, cfg.scale) * pair
       do_row = _row(r, "do", base + lo, row, doi, cfg)
-      qp = q_row * pair
-      diag = jnp.sum(qp * ki, axis=1, keepdims=True)  # [s, 1] over keys j
-      ddiag = jnp.sum(do_row * vi, axis=1, keepdims=True)
-      return dkv[0] + ddiag * qp, dkv[1] + diag * do_row
-    dk, dv = _pair_loop(r, base + lo, gi, cfg, pair_step, (dk, dv))
-    store("dk", base + lo, dk)
-    store("dv", base + lo, dv)
+      acc = dict(acc)
+      if "dk" in acc:
+        acc["dk"] += jnp.sum(do_row * vi, axis=1, keepdims=True) * qp  # [s, 1] over keys j
+      if "dv" in acc:
+        acc["dv"] += jnp.sum(qp * ki, axis=1, keepdims=True) * do_row
+      return acc
+    acc = _pair_loop(r, base + lo, gi, cfg, pair_step, acc)
+    for name, x in acc.items():
+      store(name, base + lo, x)
   return entering() if dstate_in is None else dstate_in

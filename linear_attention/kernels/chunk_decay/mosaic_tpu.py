@@ -12,12 +12,11 @@ vector decay at the chunk end as a column, ``[K, 1]`` per chunk).
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from linear_attention.kernels import dispatch
 from linear_attention.kernels.chunk_decay import blocks
 
 
@@ -77,7 +76,8 @@ def _tpu_dkv_kernel(*refs, names, cfg, n_chunks, kp):
 
   @pl.when(i == n_chunks - 1)
   def _():
-    r["ds0"][...] = dstate
+    if "ds0" in r:  # the dk kernel of a split sweep leaves it to the dv kernel
+      r["ds0"][...] = dstate
 
 
 def _specs(cfg: blocks.KernelConfig, n_chunks: int, kp: int, reverse: bool):
@@ -99,28 +99,23 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, kp: int, reverse: bool):
 
 # kind: (kernel, whether it carries a state across the chunk axis in a VMEM scratch)
 _KERNELS = {"fwd": (_tpu_fwd_kernel, True), "states": (_tpu_states_kernel, True),
-            "bwd_dq": (_tpu_dq_kernel, False), "bwd_dkv": (_tpu_dkv_kernel, True)}
+            "bwd_dq": (_tpu_dq_kernel, False), "bwd_dkv": (_tpu_dkv_kernel, True),
+            "bwd_dk": (_tpu_dkv_kernel, True), "bwd_dv": (_tpu_dkv_kernel, True)}
 
 
 def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int, kp: int,
          vp: int, reverse: bool = False):
-  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"`` or ``"bwd_dkv"``);
+  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"``, ``"bwd_dkv"``,
+  ``"bwd_dk"`` or ``"bwd_dv"``);
   arguments as in :func:`..triton.call`, ``reverse`` visiting the chunks last to first.
   The chunk axis is sequential for the kernels that carry a state, parallel for ``dq``."""
   b, h, _ = inputs[0][1].shape[:3]
   kernel, carries = _KERNELS[kind]
-  specs = _specs(cfg, n_chunks, kp, reverse)
-  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs) + ("acc",) * carries
-  out = pl.pallas_call(
-      functools.partial(kernel, names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
-      grid=(b, h, vp // cfg.block_v, n_chunks),
-      in_specs=[specs[s] for _, _, s in inputs],
-      out_specs=[specs[s] for _, _, s in outputs],
-      out_shape=[o for _, o, _ in outputs],
-      scratch_shapes=[pltpu.VMEM((kp, cfg.block_v), jnp.float32)] * carries,
+  return dispatch.named_pallas_call(
+      kernel, inputs, outputs, _specs(cfg, n_chunks, kp, reverse),
+      grid=(b, h, vp // cfg.block_v, n_chunks), interpret=cfg.interpret,
+      name=f"chunk_decay_{kind}_{cfg.mode}",
       compiler_params=pltpu.CompilerParams(dimension_semantics=(
           "parallel", "parallel", "parallel", "arbitrary" if carries else "parallel")),
-      interpret=cfg.interpret,
-      name=f"chunk_decay_{kind}_{cfg.mode}",
-  )(*(x for _, x, _ in inputs))
-  return dict(zip((n for n, _, _ in outputs), out))
+      scratch=[("acc", pltpu.VMEM((kp, cfg.block_v), jnp.float32))] if carries else [],
+      cfg=cfg, n_chunks=n_chunks, kp=kp)

@@ -15,8 +15,6 @@ column, ``[N * K, 1]``).
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -67,7 +65,9 @@ def _gpu_dkv_kernel(*refs, names, cfg, n_chunks, kp):
     glc = r["glc"][pl.ds(j * kp, kp), :] if cfg.mode == "vector" else None
     return blocks.dkv_block(r, pl.multiple_of(j * cfg.chunk, cfg.chunk), grow, glc, dstate, cfg)
 
-  r["ds0"][...] = lax.fori_loop(0, n_chunks, body, r["dst"][...].astype(jnp.float32))
+  ds0 = lax.fori_loop(0, n_chunks, body, r["dst"][...].astype(jnp.float32))
+  if "ds0" in r:  # the dk kernel of a split sweep leaves it to the dv kernel
+    r["ds0"][...] = ds0
 
 
 def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
@@ -86,12 +86,13 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
 
 
 _KERNELS = {"fwd": _gpu_fwd_kernel, "states": _gpu_states_kernel, "bwd_dq": _gpu_dq_kernel,
-            "bwd_dkv": _gpu_dkv_kernel}
+            "bwd_dkv": _gpu_dkv_kernel, "bwd_dk": _gpu_dkv_kernel, "bwd_dv": _gpu_dkv_kernel}
 
 
 def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int, kp: int,
          vp: int, reverse: bool = False):
-  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"`` or ``"bwd_dkv"``).
+  """Runs the ``kind`` kernel (``"fwd"``, ``"states"``, ``"bwd_dq"``, ``"bwd_dkv"``,
+  or ``"bwd_dk"`` and ``"bwd_dv"`` for a split sweep).
 
   ``inputs``: ``[(name, array [B, H, ...], spec kind)]`` (arrays present only);
   ``outputs``: ``[(name, ShapeDtypeStruct, spec kind)]``. Returns ``{name: array}``.
@@ -99,16 +100,9 @@ def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int,
   """
   del reverse
   b, h, tp = inputs[0][1].shape[:3]
-  specs = _specs(cfg, n_chunks, tp, kp)
-  names = tuple(n for n, _, _ in inputs) + tuple(n for n, _, _ in outputs)
-  out = pl.pallas_call(
-      functools.partial(_KERNELS[kind], names=names, cfg=cfg, n_chunks=n_chunks, kp=kp),
-      grid=(b, h, vp // cfg.block_v),
-      in_specs=[specs[s] for _, _, s in inputs],
-      out_specs=[specs[s] for _, _, s in outputs],
-      out_shape=[o for _, o, _ in outputs],
-      interpret=cfg.interpret,
+  return dispatch.named_pallas_call(
+      _KERNELS[kind], inputs, outputs, _specs(cfg, n_chunks, tp, kp),
+      grid=(b, h, vp // cfg.block_v), interpret=cfg.interpret,
       name=f"chunk_decay_{kind}_{cfg.mode}",
       compiler_params=dispatch.triton_compiler_params(cfg.num_warps, cfg.num_stages),
-  )(*(x for _, x, _ in inputs))
-  return dict(zip((n for n, _, _ in outputs), out))
+      cfg=cfg, n_chunks=n_chunks, kp=kp)

@@ -204,11 +204,7 @@ def unsupported_arguments(q, beta=None, log_decay=None, segment_ids=None, chunk_
   """
   del segment_ids
   bad = dispatch.unsupported_dtypes(q=q, beta=beta, log_decay=log_decay)
-  if chunk_size is not None:
-    try:
-      blocks.check_chunk(chunk_size, platform or dispatch.default_platform())
-    except ValueError as e:
-      bad["chunk_size"] = str(e).rstrip(".")  # the caller adds its own
+  bad.update(blocks.unsupported_chunk(chunk_size, platform))
   return bad
 
 

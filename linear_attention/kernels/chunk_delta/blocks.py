@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from linear_attention.kernels import dispatch
 from linear_attention.kernels.chunk_decay.blocks import pad_dim, value_block  # noqa: F401
 from linear_attention import common
 
@@ -75,6 +76,18 @@ def check_chunk(chunk: int, platform: str) -> None:
                      f"(Triton dot tiles), got {chunk}.")
   if platform == "tpu" and chunk % 16:
     raise ValueError(f"chunk_size must be a multiple of 16 for the TPU kernel, got {chunk}.")
+
+
+def unsupported_chunk(chunk_size: int | None, platform: str | None) -> dict[str, str]:
+  """``{"chunk_size": why}`` when :func:`check_chunk` refuses ``chunk_size`` for
+  ``platform`` (``None``: the default platform), else empty (also for ``None``)."""
+  if chunk_size is None:
+    return {}
+  try:
+    check_chunk(chunk_size, platform or dispatch.default_platform())
+  except ValueError as e:
+    return {"chunk_size": str(e).rstrip(".")}  # the caller adds its own
+  return {}
 
 
 @dataclasses.dataclass(frozen=True)
