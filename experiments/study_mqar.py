@@ -37,7 +37,11 @@ the first rate on the whole grid, then each later rate only where the first did
 not solve the point (validation accuracy below the early-stopping threshold):
 a solved point cannot improve, so a second rate goes where it can change the
 answer. Finished runs are reused when a study is rerun, so a larger grid can be
-completed later with the same command.
+completed later with the same command. The committed table trained the second rate
+only at four Mamba-family points at d=64 (it lost at each); its other points stay
+``not run`` in the JSON and the claims name them as the budget's cut. Each run records
+its step budget (``steps_max``; the table's ``init_steps`` per (init, rate)), since an
+init sweep added later may train fewer steps than the grid (``--steps-scale``).
 
     python experiments/study_mqar.py              # full size
     python experiments/study_mqar.py --lrs 1e-3,3e-3 --widths 64,128,256   # larger grid
