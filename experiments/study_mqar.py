@@ -355,7 +355,8 @@ def main() -> int:
   out = {"study": "mqar", "config": config,
          "elapsed_s": time.time() - t0,
          "budget": {"training_examples_max": examples, "steps_max": steps,
-                    "tokens_max": {str(t): examples * t for t, _ in size["settings"]},
+                    "tokens_max": {str(t): examples * t for t in sorted(
+                        {t for t, _ in size["settings"]} | {r["seq_len"] for r in table})},
                     "paper": PAPER,
                     "fraction_of_paper_examples": examples / PAPER["train_examples"],
                     "note": "early stopping at the accuracy threshold ends solved runs sooner"},
