@@ -116,18 +116,6 @@ def state_floats(workdir: str, seq_len: int) -> int:
   return int(sum(np.prod(x.shape) for x in leaves))
 
 
-def num_params(workdir: str) -> int:
-  """Trainable scalars of the run's model (from its config: no weights are read)."""
-  from flax import nnx
-  from linear_attention import data, models
-  from linear_attention.train import results, trainer
-
-  config = results.load_config(workdir)
-  ds = data.make_dataset(config.data)
-  return models.count_params(nnx.eval_shape(
-      lambda: trainer.create_model(config.model, ds.vocab_size, ds.kind, None, 0)))
-
-
 def init_overrides(mixer: str, init: str) -> dict:
   """The ``model.mixer_kwargs.<mixer>.*`` overrides of decay init ``init`` (``{}`` for the
   default, or for a mixer the init does not name)."""
@@ -257,11 +245,6 @@ def main() -> int:
   p.add_argument("--inits", help="comma-separated decay inits among "
                  f"{', '.join(INITS)} (default: default); an init other than default adds "
                  "points only for the mixers it names")
-  p.add_argument("--accept-stopped", action="store_true",
-                 help="score runs a signal stopped (a time limit) at the checkpoint they saved, "
-                      "as runs of the steps they reached (``steps_max``; ``time_limited`` "
-                      "marks them); the learning rate is constant after warmup, so such a run "
-                      "is the shorter run but for its warmup")
   p.add_argument("--merge", action="store_true",
                  help="keep the runs of the existing <out>/mqar.json and add (or replace) "
                       "this invocation's points: a subset grid completes the full table")
@@ -312,12 +295,6 @@ def main() -> int:
 
   from linear_attention.train import results
   for r in rows:
-    # ``--collect`` reports a stopped point as "not run"; its status file says stopped.
-    status = (su.read_json(os.path.join(r["workdir"], "sweep_status.json")) or {}).get("status")
-    if (args.accept_stopped and status == "stopped"
-        and os.listdir(os.path.join(r["workdir"], "checkpoints"))):
-      r.update(status="done", time_limited=True)
-      r["metrics"] = {**(r.get("metrics") or {}), "num_params": num_params(r["workdir"])}
     if r["status"] != "done":
       continue
     o = r["overrides"]
@@ -330,10 +307,8 @@ def main() -> int:
     r.update(test_accuracy=res["accuracy"], test_queries=queries,
              test_se=su.binomial_se(res["accuracy"], queries), test_loss=res["loss"],
              state_floats=state_floats(r["workdir"], t),
-             steps_run=r["metrics"].get("step", res["step"]),
-             stopped_early=r["metrics"].get("stopped_early"),
-             steps_max=(res["step"] if r.get("time_limited")
-                        else int(results.load_config(r["workdir"]).train.steps)))
+             steps_run=r["metrics"]["step"], stopped_early=r["metrics"].get("stopped_early"),
+             steps_max=int(results.load_config(r["workdir"]).train.steps))
 
   for r in rows:
     r["init"] = init_of(r["overrides"])
