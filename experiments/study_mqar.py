@@ -37,7 +37,11 @@ the first rate on the whole grid, then each later rate only where the first did
 not solve the point (validation accuracy below the early-stopping threshold):
 a solved point cannot improve, so a second rate goes where it can change the
 answer. Finished runs are reused when a study is rerun, so a larger grid can be
-completed later with the same command.
+completed later with the same command. The committed table trained the second rate
+only at four Mamba-family points at d=64 (it lost at each); its other points stay
+``not run`` in the JSON and the claims name them as the budget's cut. Each run records
+its step budget (``steps_max``; the table's ``init_steps`` per (init, rate)), since an
+init sweep added later may train fewer steps than the grid (``--steps-scale``).
 
     python experiments/study_mqar.py              # full size
     python experiments/study_mqar.py --lrs 1e-3,3e-3 --widths 64,128,256   # larger grid
@@ -172,15 +176,17 @@ def later_lr_points(points: list[dict], first_rows: list[dict], threshold: float
   return [p for p in points if p["optim.lr"] != first_lr and setting_key(p) not in solved]
 
 
-def merge_runs(old: list[dict], new: list[dict]) -> list[dict]:
+def merge_runs(old: list[dict], new: list[dict], old_steps: int | None = None) -> list[dict]:
   """``old`` runs (a previous ``mqar.json``) with ``new`` ones added: a new finished run
   replaces an old one of the same overrides; a new unfinished one does not replace a finished
   old one (its run folder may be gone, the committed result stays), and a point never run is
-  not added."""
+  not added. Old finished runs without ``steps_max`` get ``old_steps`` (their study's steps)."""
   key = lambda r: tuple(sorted((k, su.flag_text(v)) for k, v in r["overrides"].items()))  # noqa: E731
   out = {key(r): r for r in old}
   for r in old:
     r.setdefault("init", init_of(r["overrides"]))
+    if r.get("status") == "done" and old_steps:
+      r.setdefault("steps_max", old_steps)
   for r in new:
     k = key(r)
     if r["status"] == "not run" and k not in out:  # a --collect of a larger grid
@@ -220,7 +226,10 @@ def best_table(rows: list[dict], size: dict) -> list[dict]:
         "lr_accuracies": {str(c["overrides"]["optim.lr"]): c["test_accuracy"]
                           for c in default} if default else {},
         "init_accuracies": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
-                            c["test_accuracy"] for c in cands}})
+                            c["test_accuracy"] for c in cands},
+        # The training budget of each (init, rate): a later init sweep may train fewer steps.
+        "init_steps": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
+                       c.get("steps_max") for c in cands}})
   return table
 
 
@@ -298,14 +307,19 @@ def main() -> int:
     r.update(test_accuracy=res["accuracy"], test_queries=queries,
              test_se=su.binomial_se(res["accuracy"], queries), test_loss=res["loss"],
              state_floats=state_floats(r["workdir"], t),
-             steps_run=r["metrics"]["step"], stopped_early=r["metrics"].get("stopped_early"))
+             steps_run=r["metrics"]["step"], stopped_early=r["metrics"].get("stopped_early"),
+             steps_max=int(results.load_config(r["workdir"]).train.steps))
 
   for r in rows:
     r["init"] = init_of(r["overrides"])
   if previous:
-    rows = merge_runs(previous.get("runs", []), rows)
+    rows = merge_runs(previous.get("runs", []), rows,
+                      previous.get("budget", {}).get("steps_max"))
   table = best_table(rows, size)
 
+  # The largest budget of any run: a merged table may hold runs of several step counts (each
+  # table row has its own, ``init_steps``).
+  steps = max([r["steps_max"] for r in rows if r.get("steps_max")] or [steps])
   examples = size["batch"] * steps
   config = {"smoke": args.smoke, **size, "init_overrides": INITS}
   if previous:
@@ -316,7 +330,8 @@ def main() -> int:
   out = {"study": "mqar", "config": config,
          "elapsed_s": time.time() - t0,
          "budget": {"training_examples_max": examples, "steps_max": steps,
-                    "tokens_max": {str(t): examples * t for t, _ in size["settings"]},
+                    "tokens_max": {str(t): examples * t for t in sorted(
+                        {t for t, _ in size["settings"]} | {r["seq_len"] for r in table})},
                     "paper": PAPER,
                     "fraction_of_paper_examples": examples / PAPER["train_examples"],
                     "note": "early stopping at the accuracy threshold ends solved runs sooner"},

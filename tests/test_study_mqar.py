@@ -49,10 +49,11 @@ def test_init_sweep_adds_points_only_for_the_mixers_it_names():
                                                     if "mixer_kwargs" not in k})
 
 
-def _run(mixer, acc, init="default", lr=3e-3, status="done"):
+def _run(mixer, acc, init="default", lr=3e-3, status="done", **extra):
   o = {"model.mixer": mixer, "model.short_conv": 3, "data.seq_len": 64, "data.num_kv_pairs": 4,
        "model.d_model": 64, "optim.lr": lr, **mqar.init_overrides(mixer, init)}
   return {"overrides": o, "status": status, "init": init, "test_accuracy": acc, "test_se": 0.01,
+          **extra,
           "test_queries": 1024, "state_floats": 10, "steps_run": 1000,
           "metrics": {"num_params": 1, "validation_accuracy": acc}}
 
@@ -78,6 +79,18 @@ def test_merge_keeps_committed_runs_and_adds_new_ones():
   accs = sorted((r["overrides"]["model.mixer"], r["init"], r["test_accuracy"]) for r in merged)
   # The unfinished gla rerun does not replace the committed one; hawk, never run, is not added.
   assert accs == [("gla", "default", 0.8), ("mamba2", "default", 0.25), ("mamba2", "slow", 0.9)]
+
+
+def test_merged_runs_keep_their_own_step_budget():
+  # Committed runs without a recorded budget get their study's; a shorter new run keeps its own,
+  # and the table shows each (init, rate)'s budget beside its accuracy.
+  old = [_run("mamba2", 0.25), _run("gla", 0.5, lr=1e-3, status="not run")]
+  merged = mqar.merge_runs(old, [_run("mamba2", 0.6, "slow", steps_max=500)], old_steps=1000)
+  steps = {(r["init"], r["status"]): r.get("steps_max") for r in merged}
+  assert steps == {("default", "done"): 1000, ("slow", "done"): 500, ("default", "not run"): None}
+  row = next(r for r in mqar.best_table(merged, mqar.FULL) if r["mixer"] == "mamba2")
+  assert row["init_steps"] == {"default@0.003": 1000, "slow@0.003": 500}
+  assert row["best_init"] == "slow" and row["default_init_accuracy"] == 0.25
 
 
 su = helpers.load_experiment("_study_utils")
