@@ -476,8 +476,16 @@ def _local(q, k, v, g, lam, s0, pos0, segment_ids=None, *, axis_name, form, chun
                                         lax.all_gather(local, axis_name),
                                         s0 if has_initial else None, cont, axis_name)
 
-  # 3. The entering state's part of the outputs, as an initial state's.
-  o = o + _initial_read(q, G, lam, s_in, here, p, first)
+  # 3. The entering state's part of the outputs, as an initial state's. Aligned, the earlier
+  # slices' tokens sit above this slice's own levels (``bit_length(T / P)`` and below) for
+  # every query: only those levels are read, so the read costs O(log P), not O(L).
+  if aligned:
+    lo = min(t.bit_length(), levels - 1)
+    qd = q * jnp.exp(_expand(G, q.ndim))
+    r = jnp.einsum("bthk,bhlkv->bthlv", qd, s_in[:, :, lo:])
+    o = o + jnp.einsum("bthl,bthlv->bthv", lam[..., lo:], r)
+  else:
+    o = o + _initial_read(q, G, lam, s_in, here, p, first)
   return (o, context_lib.replicate(s_end, axis_name),
           context_lib.replicate(maps[1][-1], axis_name))
 

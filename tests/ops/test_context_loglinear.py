@@ -43,9 +43,10 @@ def _op(**fixed):
 
 def case_aligned():
   """No segments, no initial state, 8 tokens a device: the aligned Fenwick form per slice,
-  with every level distinct (L = 6 = log2(32) + 1)."""
+  with every level distinct (L = 6 = log2(32) + 1), and with a shared top level (L = 3)."""
   q, k, v, g, lam, _ = _inputs(0)
   _compare(_op(return_state=True), (q, k, v, g, lam), seg=False, state=False, meshes=BOTH)
+  _compare(_op(return_state=True), (q, k, v, g, lam[..., :3]), seg=False, state=False)
 
 
 def case_segments_and_initial_state():
