@@ -11,21 +11,21 @@ sharded. The ops that mix tokens along the sequence take the mesh as one argumen
 :class:`~linear_attention.ops.context.SeqContext` over ``"seq"`` with the other axes as
 its batch axes, or None without such a mesh (the layers are then unchanged). How each op
 splits its work is written next to it (the engines in ``ops/decay.py``, ``ops/delta.py``,
-``ops/dplr.py``, ``ops/scan.py``; the halo convolution in ``ops/conv.py``, all-gather
-attention in ``ops/softmax.py``, the sliding window's halo in ``ops/sparse.py``).
+``ops/dplr.py``, ``ops/scan.py``, ``ops/loglinear.py``; the halo convolution in
+``ops/conv.py``, all-gather attention in ``ops/softmax.py``, the sliding window's halo in
+``ops/sparse.py``).
 
 A mixer class declares ``context_parallel = True`` when every op it calls takes the
 context (:class:`~linear_attention.nn.mixer.Mixer`; not inherited). The others refuse a
 sharded sequence with a ``ValueError`` naming them rather than letting XLA gather the
 whole sequence silently; :data:`REFUSED` says why, per registry name:
 
-- ``longformer``: its global tokens attend to, and are attended by, every token: their
-  softmax would need a reduction across devices that ``ops/sparse.py`` does not have;
-- ``bigbird``: random and global key blocks anywhere in the sequence (the same);
-- ``loglinear_mamba2``: ``ops/loglinear.py`` takes no context. Its state is one matrix
-  per Fenwick level, and which level holds a past token depends on the absolute position
-  of the query, so the one-state-per-device fold of the other engines does not carry over
-  as it is (not written).
+- ``longformer``: its global tokens attend to, and are attended by, every token, so each
+  layer would all-gather the keys and values of the whole sequence to every device (and
+  reduce the global rows' softmax across devices): per-device memory would not shrink
+  with the number of devices, which is the point of sharding the sequence;
+- ``bigbird``: random and global key blocks anywhere in the sequence: the same all-gather
+  of the whole sequence's keys and values per layer.
 
 Linformer runs sharded without a form of its own: its projections over ``T`` are matmuls
 that XLA's partitioner splits (a ``psum`` of ``[proj_len, ...]`` per device).
@@ -46,9 +46,11 @@ SEQ = "seq"
 # Registry names of the mixers that cannot run with the sequence sharded, and why
 # (the module docstring says more).
 REFUSED: dict[str, str] = {
-    "longformer": "global tokens see the whole sequence",
-    "bigbird": "random and global key blocks anywhere in the sequence",
-    "loglinear_mamba2": "one state per Fenwick level, regrouped by absolute position",
+    "longformer": "global tokens attend to and are attended by every token: an all-gather "
+                  "of the whole sequence's keys and values per layer, not sequence-parallel "
+                  "in memory",
+    "bigbird": "random and global key blocks anywhere in the sequence: an all-gather of the "
+               "whole sequence's keys and values per layer, not sequence-parallel in memory",
 }
 
 

@@ -406,6 +406,8 @@ class LogLinearMamba2(Mamba2):
   the levels ``[B, H, L, N, P]`` and the position ``[B]``, float32.
   """
 
+  context_parallel = True
+
   def __init__(self, d_model: int, num_heads: int, *, num_levels: int = 12, d_state: int = 16,
                expand: int = 2, ngroups: int = 1, conv_width: int = 4, dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
@@ -433,7 +435,8 @@ class LogLinearMamba2(Mamba2):
     a, d, dt_bias = self._params()
     y = loglinear_ops.loglinear_ssd(xs, dt.astype(jnp.float32), a, b, c, self._levels(x), d,
                                     dt_bias=dt_bias, dt_softplus=True,
-                                    chunk_size=self.chunk_size, segment_ids=segment_ids)
+                                    chunk_size=self.chunk_size, segment_ids=segment_ids,
+                                    context=cp.context())
     return self._out(y, z)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:

@@ -209,7 +209,8 @@ def fold_affine(apply: Callable, maps: Array, ends: Array, s0: Array | None,
 
   Args:
     apply: ``(map, state) -> state``, e.g. a matmul or an elementwise product.
-    maps, ends: ``[n, ...]`` gathered per-device maps and zero-state final states.
+    maps, ends: ``[n, ...]`` gathered per-device maps and zero-state final states;
+      ``maps`` may be a pytree of ``[n, ...]`` arrays (``apply`` gets device ``j``'s leaves).
     s0: the state before the first token, or None (zero).
     cont: ``[n, B]`` bool from :func:`device_segments`, or None.
     axis_name: the mesh axis.
@@ -224,7 +225,7 @@ def fold_affine(apply: Callable, maps: Array, ends: Array, s0: Array | None,
     if cont is not None:
       s = jnp.where(cont[j].reshape((-1,) + (1,) * (s.ndim - 1)), s, 0.0)
     entering.append(s)
-    s = apply(maps[j], s) + ends[j]
+    s = apply(jax.tree.map(lambda m: m[j], maps), s) + ends[j]
   s_in = jnp.take(jnp.stack(entering), axis_index(axis_name), axis=0)
   return s_in, s
 

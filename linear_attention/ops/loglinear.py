@@ -38,6 +38,27 @@ Forms (all agree; the tests prove it):
   with ``O(L)`` states: after a token at position ``p`` with ``r`` trailing
   one bits, levels ``0..r`` merge into level ``r + 1``.
 
+Context parallelism (``context=``, a :class:`~linear_attention.ops.context.SeqContext`):
+the levels are the engine's initial-state machinery run across devices. A state entering
+a slice at position ``p0`` reaches the slice's tokens and its end exactly as an initial
+state does (an old bucket at level ``l`` sits at level ``max(l, bit_length(p_t XOR p0))``
+for the query at ``p_t``), and that is linear in the state. So each device
+
+1. runs its slice from empty levels at its global position ``p0`` (the position in its
+   first segment: ``i T / P``, plus the initial state's position, or counted from a
+   segment start on an earlier device);
+2. gathers every slice's final levels and the slice's map of an entering state (levels
+   moved by ``p0`` and the end position, decayed by the slice's total log decay, cut by
+   a segment start inside) and folds them
+   (:func:`~linear_attention.ops.context.fold_affine`, ``P`` steps);
+3. adds the entering state's read, one ``[T, K] x [L, K, V]`` product per head.
+
+Without segments or an initial state and with ``T / P`` a power of two, a slice is a
+``2^m``-aligned block, so its pairs have the levels they have at position 0: step 1 runs
+the Fenwick chunk form and its final state (every token in one level) moves to the
+level of the global end position. Otherwise step 1 takes the per-level chunk form, as
+segments and initial states do on one device.
+
 State layout: a tuple ``(S [B, H, L, K, V], position [B])``, float32. ``S[:,
 :, l]`` is the bucket at level ``l`` relative to the next position (level 0
 is empty between tokens unless ``L = 1``); ``position`` counts the tokens
@@ -55,7 +76,9 @@ import numpy as np
 from jax import lax
 
 from linear_attention import common
+from linear_attention.ops import context as context_lib
 from linear_attention.ops import decay, gated
+from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
@@ -378,6 +401,95 @@ def _forward(q, k, v, g, lam, s0, pos0, segment_ids, *, form, chunk_size, has_in
                 has_initial=has_initial, implementation=implementation)
 
 
+# ------------------------------------------------------------ sequence parallel
+
+
+def _sequence_parallel(q, k, v, g, lam, s0, pos0, segment_ids, *, context, form, chunk_size,
+                       has_initial, implementation):
+  """:func:`_forward` with the sequence split over ``context`` (the module doc's
+  "Context parallelism"); the same arguments and result."""
+  seq, row = context.seq_spec, context.row_spec
+  named = {"q": (q, seq), "k": (k, seq), "v": (v, seq), "g": (g, seq), "lam": (lam, seq),
+           "s0": (s0, row), "pos0": (pos0, row), "segment_ids": (segment_ids, seq)}
+  body = functools.partial(_local, axis_name=context.axis_name, form=form,
+                           chunk_size=chunk_size, has_initial=has_initial,
+                           implementation=implementation)
+  o, state, pos = context.shard(body, named, (seq, row, row))
+  return o, (state, pos)
+
+
+_sequence_parallel_jit = jax.jit(
+    _sequence_parallel, static_argnames=("context", "form", "chunk_size", "has_initial",
+                                         "implementation"))
+
+
+def _local(q, k, v, g, lam, s0, pos0, segment_ids=None, *, axis_name, form, chunk_size,
+           has_initial, implementation):
+  """Per device: this slice from an empty state at its global position, the fold of the
+  slices' level-state maps, and the entering state's read (the module doc)."""
+  b, t, levels = q.shape[0], q.shape[1], lam.shape[-1]
+  idx = context_lib.axis_index(axis_name)
+  g = common.floor_log_decay(g)
+  zero = context_lib.varying_zero(q, segment_ids, dtype=q.dtype)
+  offset = idx * t  # this slice's first global index
+
+  # Where the segment of this slice's first token starts, from the gathered last start of
+  # every slice (an edge start counts for the slice it opens): its position there.
+  cont = None
+  start = jnp.full((b,), -1, jnp.int32)
+  if segment_ids is not None:
+    cont, _, _ = context_lib.device_segments(segment_ids, axis_name, q.dtype)
+    inner = jnp.max(jnp.where(common.segment_starts(segment_ids), jnp.arange(t), -1), axis=1)
+    inner = jnp.where(inner >= 0, inner + offset, -1)
+    n = cont.shape[0]
+    edges = jnp.where(cont, -1, (jnp.arange(n, dtype=jnp.int32) * t)[:, None])  # [n, B]
+    last = jnp.maximum(lax.all_gather(inner, axis_name), edges)
+    earlier = (jnp.arange(n) < idx)[:, None]
+    start = jnp.maximum(jnp.max(jnp.where(earlier, last, -1), axis=0), edges[idx])
+  here = jnp.where(start >= 0, offset - start, pos0 + offset).astype(jnp.int32)
+
+  # 1. The slice from an empty state at position ``here``. Without segments or an initial
+  # state and with T / P a power of two, every pair inside the slice has the level it has
+  # at position 0 (the slice is a 2^m-aligned block), so the aligned Fenwick form runs and
+  # its final state -- every token in one level -- moves to that of the global position.
+  aligned = (form == "chunk" and segment_ids is None and not has_initial and t & (t - 1) == 0)
+  empty = jnp.zeros_like(s0) + zero
+  if aligned:
+    o, (local, _) = _forward(q, k, v, g, lam, empty, jnp.zeros_like(here), None, form=form,
+                             chunk_size=chunk_size, has_initial=False,
+                             implementation=implementation)
+    lvl = jnp.minimum(_bit_length(here ^ (here + t)), levels - 1)
+    local = jnp.einsum("bl,bhkv->bhlkv", jax.nn.one_hot(lvl, levels, dtype=local.dtype),
+                       jnp.sum(local, axis=2))
+  else:
+    o, (local, _) = _forward(q, k, v, g, lam, empty, here, segment_ids, form=form,
+                             chunk_size=min(chunk_size, t), has_initial=True,
+                             implementation=implementation)
+
+  # 2. A slice maps the state entering it to its final one as the engine's initial state
+  # (levels moved by position, decayed; cut by a segment start inside): fold those maps.
+  p, first, _ = _positions(b, t, segment_ids, here)
+  G = jnp.cumsum(g, axis=1)
+  p_end = p[:, -1] + 1
+  maps = tuple(lax.all_gather(x, axis_name) for x in (here, p_end, G[:, -1], first[:, -1]))
+  s_in, s_end = context_lib.fold_affine(lambda m, s: _carry_initial(s, *m), maps,
+                                        lax.all_gather(local, axis_name),
+                                        s0 if has_initial else None, cont, axis_name)
+
+  # 3. The entering state's part of the outputs, as an initial state's. Aligned, the earlier
+  # slices' tokens sit above this slice's own levels (``bit_length(T / P)`` and below) for
+  # every query: only those levels are read, so the read costs O(log P), not O(L).
+  if aligned:
+    lo = min(t.bit_length(), levels - 1)
+    qd = q * jnp.exp(_expand(G, q.ndim))
+    r = jnp.einsum("bthk,bhlkv->bthlv", qd, s_in[:, :, lo:])
+    o = o + jnp.einsum("bthl,bthlv->bthv", lam[..., lo:], r)
+  else:
+    o = o + _initial_read(q, G, lam, s_in, here, p, first)
+  return (o, context_lib.replicate(s_end, axis_name),
+          context_lib.replicate(maps[1][-1], axis_name))
+
+
 # ------------------------------------------------------------------ the core op
 
 
@@ -409,7 +521,8 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | N
                               form: str = "chunk", chunk_size: int = 64,
                               initial_state: tuple[Array, Array] | None = None,
                               return_state: bool = False, segment_ids: Array | None = None,
-                              implementation: str | None = None):
+                              implementation: str | None = None,
+                              context: SeqContext | None = None):
   """Log-linear attention with a diagonal decay (see the module doc).
 
   Args:
@@ -430,6 +543,9 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | N
     implementation: ``None`` or ``"xla"``; ``"pallas"`` raises: the chunk
       form resets the engine's state at every level's block boundaries, which
       the chunk kernel does not take.
+    context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
+      sequence split over a mesh axis (see "Context parallelism" in the module
+      doc); the same result up to rounding.
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, (S, position))``
@@ -454,7 +570,13 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | N
   else:
     s0, pos0 = initial_state[0].astype(acc), jnp.round(initial_state[1]).astype(jnp.int32)
   scale = common.resolve_scale(scale, dk)
-  o, (state, pos) = _forward(
+  context_lib.check_context(context)
+  run = _forward
+  if context is not None:
+    context.check(b, t)
+    run = functools.partial(_sequence_parallel if context.is_local else _sequence_parallel_jit,
+                            context=context)
+  o, (state, pos) = run(
       q.astype(acc) * scale, k.astype(acc), v.astype(acc), log_decay.astype(acc),
       level_weights.astype(acc), s0, pos0, segment_ids, form=form, chunk_size=chunk_size,
       has_initial=initial_state is not None, implementation=implementation)
@@ -510,7 +632,7 @@ def loglinear_ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, level_weigh
                   dt_softplus: bool = False, scale: float | None = 1.0, form: str = "chunk",
                   chunk_size: int = 64, initial_state: tuple[Array, Array] | None = None,
                   return_state: bool = False, segment_ids: Array | None = None,
-                  implementation: str | None = None):
+                  implementation: str | None = None, context: SeqContext | None = None):
   """Log-linear Mamba-2: :func:`~linear_attention.ops.gated.ssd` with Fenwick levels.
 
   ``q = C``, ``k = B``, ``v = dt * x``, ``log_decay = A * dt`` as in
@@ -521,7 +643,7 @@ def loglinear_ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, level_weigh
     x: ``[batch, T, H, P]``; dt: ``[batch, T, H]``; A: ``[H]`` (negative);
     B, C: ``[batch, T, G, N]``; level_weights: ``[batch, T, H, L]``;
     D, dt_bias, dt_softplus, scale: as in :func:`~linear_attention.ops.gated.ssd`.
-    form, chunk_size, return_state, segment_ids, implementation: as in
+    form, chunk_size, return_state, segment_ids, implementation, context: as in
       :func:`loglinear_decay_attention`.
     initial_state: ``(S [batch, H, L, N, P], position [batch])``.
 
@@ -535,7 +657,7 @@ def loglinear_ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, level_weigh
   y, state = loglinear_decay_attention(
       q, k, v, log_decay, level_weights, scale=scale, form=form, chunk_size=chunk_size,
       initial_state=initial_state, return_state=True, segment_ids=segment_ids,
-      implementation=implementation)
+      implementation=implementation, context=context)
   y = (y + skip).astype(x.dtype)
   return (y, state) if return_state else y
 
@@ -564,7 +686,8 @@ def loglinear_ssd_step(state: tuple[Array, Array], x: Array, dt: Array, A: Array
 def loglinear_gla(q: Array, k: Array, v: Array, log_g: Array, level_weights: Array, *,
                   scale: float | None = None, form: str = "chunk", chunk_size: int = 64,
                   initial_state: tuple[Array, Array] | None = None, return_state: bool = False,
-                  segment_ids: Array | None = None, implementation: str | None = None):
+                  segment_ids: Array | None = None, implementation: str | None = None,
+                  context: SeqContext | None = None):
   """Log-linear GLA: :func:`~linear_attention.ops.gated.gla`'s per-channel decay with levels.
 
   Args:
@@ -580,7 +703,7 @@ def loglinear_gla(q: Array, k: Array, v: Array, log_g: Array, level_weights: Arr
   return loglinear_decay_attention(
       q, k, v, log_g, level_weights, scale=scale, form=form, chunk_size=chunk_size,
       initial_state=initial_state, return_state=return_state, segment_ids=segment_ids,
-      implementation=implementation)
+      implementation=implementation, context=context)
 
 
 def loglinear_gla_step(state: tuple[Array, Array], q: Array, k: Array, v: Array, log_g: Array,

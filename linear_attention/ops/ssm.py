@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from linear_attention import common
 from linear_attention.ops import decay as decay_lib
@@ -477,9 +478,10 @@ def selective_scan(
     segment_ids: optional ``[B, T]`` ints; the state is reset at each new segment.
     context: None, or a :class:`~linear_attention.ops.context.SeqContext`: the
       sequence split over a mesh axis, through the context of the engine the form
-      runs on (the scan engine, or the decay engine for ``"decay"``). With a
-      context the ``"recurrent"`` form is the scan engine's, which holds the
-      ``[B, T, D, N]`` inputs of the scan (without one it keeps only the state).
+      runs on (the scan engine, or the decay engine for ``"decay"``). The
+      ``"recurrent"`` form keeps only ``[B, D, N]`` states there too: each device
+      scans its slice, the slices' (transition, final state) pairs are folded, and
+      each device adds the entering state's part (:func:`_selective_local`).
 
   Returns:
     ``y`` ``[B, T, D]`` in the dtype of ``x``, or ``(y, state)`` with ``state``
@@ -520,6 +522,14 @@ def _selective_impl(x, dt, A, B, C, D, z, dt_bias, initial_state, segment_ids, *
   if form == "recurrent" and context is None:
     y, state = _selective_recurrent(delta, dx, A, B.astype(acc), C.astype(acc), h0, segment_ids,
                                     chunk_size)
+  elif form == "recurrent":
+    named = {"delta": (delta, context.seq_spec), "dx": (dx, context.seq_spec),
+             "A": (A, P()), "B": (B.astype(acc), context.seq_spec),
+             "C": (C.astype(acc), context.seq_spec), "h0": (h0, context.row_spec),
+             "segment_ids": (segment_ids, context.seq_spec)}
+    body = functools.partial(_selective_local, axis_name=context.axis_name,
+                             chunk_size=chunk_size)
+    y, state = context.shard(body, named, (context.seq_spec, context.row_spec))
   elif form == "decay":
     bx = jnp.broadcast_to(_bc(B.astype(acc), d, 3), (bsz, t, d, n))
     cx = jnp.broadcast_to(_bc(C.astype(acc), d, 3), (bsz, t, d, n))
@@ -559,6 +569,50 @@ def _selective_recurrent(delta, dx, A, B, C, h0, segment_ids, chunk_size):
   state, y = common.remat_scan(body, state, tuple(move(v) for v in (delta, dx, B, C, starts)),
                                chunk_size)
   return move(y), state
+
+
+def _selective_local(delta, dx, A, B, C, h0=None, segment_ids=None, *, axis_name, chunk_size):
+  """The recurrent form on this device's slice, with the sequence split over ``axis_name``.
+
+  As the unsharded form, it holds ``[B, D, N]`` states, never a ``[B, T, D, N]`` tensor:
+
+  1. the rematerialised ``lax.scan`` of :func:`_selective_recurrent` over the slice from a
+     zero state gives the zero-state outputs and the slice's final state;
+  2. the slice's transition is ``exp(A * sum_t delta_t)`` (``[B, D, N]``; zero when a
+     segment starts inside the slice), and :func:`~linear_attention.ops.context.fold_affine`
+     folds the gathered (transition, final state) pairs into the state entering this slice;
+  3. each token adds ``<C_t, exp(A * delta_{<=t}) s_in>`` while it is in the segment that
+     entered the slice: a parallel product, in chunks of ``chunk_size`` tokens under
+     ``jax.checkpoint`` so that only ``[B, chunk, D, N]`` is live at a time.
+  """
+  bsz, t, d = dx.shape
+  acc = dx.dtype
+  zero = (jnp.zeros((bsz, d, A.shape[1]), acc)
+          + context_lib.varying_zero(delta, segment_ids, dtype=acc))
+  y, end = _selective_recurrent(delta, dx, A, B, C, zero, segment_ids, chunk_size)
+
+  maps = lax.all_gather(jnp.exp(_log_a(jnp.sum(delta, axis=1), A)), axis_name)  # [n, B, D, N]
+  cont, sees = None, jnp.ones((bsz, t), acc)
+  if segment_ids is not None:
+    cont, single, sees = context_lib.device_segments(segment_ids, axis_name, acc)
+    maps = maps * single[..., None, None].astype(acc)
+  s_in, s_end = context_lib.fold_affine(jnp.multiply, maps, lax.all_gather(end, axis_name), h0,
+                                        cont, axis_name)
+
+  def correction(_, xs):  # one chunk of tokens: cum [B, c, D], c_t [B, c, (G,) N]
+    cum, c_t = xs
+    h = jnp.exp(_log_a(cum, A)) * s_in[:, None]
+    return (), jnp.sum(h * _bc(c_t, d, 3), axis=-1)
+
+  # Time-major chunks [n, B, c, ...]; padded tokens have C = 0 and add nothing.
+  c = max(1, min(chunk_size, t))
+  chunks = lambda v: jnp.moveaxis(
+      common.pad_axis(v, c, axis=1).reshape((bsz, -1, c) + v.shape[2:]), 1, 0)
+  cum = jnp.cumsum(delta, axis=1) * sees[..., None]
+  c_seen = C * sees.reshape(sees.shape + (1,) * (C.ndim - 2))
+  _, corr = common.remat_scan(correction, (), (chunks(cum), chunks(c_seen)), chunk=1)
+  corr = jnp.moveaxis(corr, 0, 1).reshape((bsz, -1, d))[:, :t]
+  return y + corr, context_lib.replicate(s_end, axis_name)
 
 
 def selective_scan_step(

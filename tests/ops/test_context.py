@@ -274,6 +274,36 @@ def case_selective_scan():
     _compare(lambda x, dt, a, bb, cc, z, h0, **kw: ops.selective_scan(
         x, dt, a, bb, cc, None, z, form=form, chunk_size=CHUNK, initial_state=h0, **kw),
         (x, dt, a, bb, cc, z, h0), meshes=meshes)
+  # Grouped B, C (two groups of two channels) and an A = -inf channel (a hard reset at
+  # every step) through the recurrent form's own fold.
+  a = a.at[1, 2].set(-jnp.inf)
+  bg, cg = rand(kb, (B, T, 2, n)), rand(kc, (B, T, 2, n))
+  _compare(lambda x, dt, bg, cg, h0, **kw: ops.selective_scan(
+      x, dt, a, bg, cg, None, None, form="recurrent", chunk_size=CHUNK, initial_state=h0, **kw),
+      (x, dt, bg, cg, h0))
+
+
+def case_selective_scan_memory():
+  """The recurrent form keeps ``[B, D, N]`` states with a context too: per device, the
+  compiled forward + backward plan (temporaries + arguments) on 4 devices is 0.59x the
+  unsharded one at this size (0.41x at T = 4096, D = 64); it was 5.8x when the context
+  ran the scan engine on ``[B, T / 4, D, N]`` inputs."""
+  t, d, n = 1024, 32, 16
+  kx, kdt, ka, kb, kc = keys(50, 5)
+  args = (rand(kx, (B, t, d)), rand(kdt, (B, t, d)), -jnp.exp(rand(ka, (d, n))),
+          rand(kb, (B, t, n)), rand(kc, (B, t, n)))
+
+  def plan(ctx):
+    loss = lambda *a: jnp.sum(ops.selective_scan(*a, form="recurrent", context=ctx) ** 2)
+    m = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))).lower(*args).compile()
+    m = m.memory_analysis()
+    return m.temp_size_in_bytes + m.argument_size_in_bytes
+
+  mesh = jax.make_mesh((4,), ("seq",))
+  with jax.set_mesh(mesh):
+    sharded = plan(SeqContext(mesh))
+  ratio = sharded / plan(None)
+  assert ratio < 0.75, f"per-device memory {ratio:.2f}x the unsharded plan"
 
 
 # ---------------------------------------------- inside the caller's own shard_map

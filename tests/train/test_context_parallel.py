@@ -142,8 +142,7 @@ SCRIPT = textwrap.dedent("""
         assert match in str(e), (match, str(e))
       else:
         raise AssertionError(f"not refused: {match}")
-    refused("mixer(s) ['loglinear_mamba2'] cannot run that way", mixer="loglinear_mamba2",
-            seq=2)
+    refused("mixer(s) ['bigbird'] cannot run that way", mixer="bigbird", seq=2)
     refused("config.mesh.seq=4 must divide the sequence length T=18",
             dataset=FakeDataset(seq_len=18), seq=4)
     refused("config.mesh.seq=3 must divide the device count 4", data=-1, seq=3)
