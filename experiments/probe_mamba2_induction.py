@@ -42,6 +42,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
 
+_M1 = "model.mixer_kwargs.mamba."
 _M2 = "model.mixer_kwargs.mamba2."
 VARIANTS = {
     "default": {"model.mixer": "mamba2"},
@@ -53,6 +54,18 @@ VARIANTS = {
                    _M2 + "a_init_range": (1 / 32, 0.5)},
     "linear_bc": {"model.mixer": "mamba2", _M2 + "bc_activation": False},
     "mamba": {"model.mixer": "mamba"},
+    # Mamba-2 with every Mamba-1-like change at once, at Mamba-2's 2 heads of 64 ...
+    "m2_as_m1_h2": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True,
+                    _M2 + "bc_from_conv": True, _M2 + "norm": False,
+                    _M2 + "a_init_range": (1 / 32, 0.5)},
+    # ... and at head dimension 1 (one dt and A per channel, Mamba-1's selection); chunk 8
+    # only for speed (128 heads of 1 cost 3x Mamba-1 per step at chunk 8, 5x at 64).
+    "m2_as_m1": {"model.mixer": "mamba2", "model.num_heads": 128, _M2 + "chunk_size": 8,
+                 _M2 + "dt_from_conv": True, _M2 + "bc_from_conv": True, _M2 + "norm": False,
+                 _M2 + "a_init_range": (1 / 32, 0.5)},
+    # Mamba-1 with one Mamba-2 property at a time.
+    "m1_scalar_a": {"model.mixer": "mamba", _M1 + "scalar_a": True},
+    "m1_dt_input": {"model.mixer": "mamba", _M1 + "dt_from_input": True},
 }
 FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=600,
             eval_every=100, test_examples=128)
