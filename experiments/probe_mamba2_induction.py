@@ -98,10 +98,21 @@ VARIANTS = {
                        _M2 + "bc_from_conv": True, _M2 + "norm": False,
                        _M2 + "a_init_range": (1 / 32, 0.5), "train.steps": 1000},
 }
-FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=600,
+FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=500,
             eval_every=100, test_examples=128)
 SMOKE = dict(seq_len=32, batch=8, d_model=32, lr=3e-3, short_conv=3, steps=20,
              eval_every=10, test_examples=8)
+
+
+def sized(overrides: dict, size: dict) -> dict:
+  """``overrides`` fitted to ``size``: head dimension 1 stays 1 (``num_heads = d_inner``) and
+  a longer run stays twice the size's steps (so ``--smoke`` stays tiny)."""
+  o = dict(overrides)
+  if o.get("model.num_heads") == 128:
+    o["model.num_heads"] = 2 * size["d_model"]
+  if "train.steps" in o:
+    o["train.steps"] = 2 * size["steps"]
+  return o
 
 
 def forms_agree(workdir: str, batch: int = 2) -> dict:
@@ -154,8 +165,9 @@ def main() -> int:
   if bad:
     raise ValueError(f"--variants must be among {', '.join(VARIANTS)}; got {bad}.")
   steps = size["steps"]
+  points = [sized(VARIANTS[n], size) for n in names]
   # A variant may train longer ("train.steps"); every run keeps all its evaluated checkpoints.
-  longest = max([steps] + [VARIANTS[n].get("train.steps", 0) for n in names])
+  longest = max([steps] + [p.get("train.steps", 0) for p in points])
   flags = (f"--config.data.seq_len={size['seq_len']}", f"--config.data.batch_size={size['batch']}",
            f"--config.model.d_model={size['d_model']}", f"--config.optim.lr={size['lr']}",
            "--config.optim.schedule=constant", f"--config.train.steps={steps}",
@@ -166,7 +178,7 @@ def main() -> int:
            f"--config.train.keep_checkpoints={longest // size['eval_every'] + 1}",
            f"--config.model.short_conv={size['short_conv']}", "--config.data.dense=True")
   runs = os.path.join(su.runs_dir(args, "synthetic"), "mamba2_induction_probe")
-  rows = su.train_grid("configs/induction_heads.py:size=small", [VARIANTS[n] for n in names],
+  rows = su.train_grid("configs/induction_heads.py:size=small", points,
                        runs, args.workers, flags, collect_only=args.collect)
 
   from linear_attention.train import results
@@ -207,7 +219,7 @@ def main() -> int:
             "steps": r["metrics"].get("step")}
            for r in rows if r["status"] == "done"]
   out = {"study": "mamba2_induction_probe", "config": {"smoke": args.smoke, **size,
-                                                      "variants": {n: VARIANTS[n] for n in names}},
+                                                      "variants": dict(zip(names, points))},
          "chance": 1 / 15, "elapsed_s": time.time() - t0,
          "environment": su.environment(shared_machine=True), "table": table, "runs": rows}
   os.makedirs(args.out, exist_ok=True)
