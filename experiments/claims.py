@@ -708,6 +708,7 @@ def _mamba2_probe_row(probe: dict, study_m2) -> dict:
     if r.get("sparse_test") is not None:
       res.append((r["variant"], r["mixer"], r["sparse_test"], r.get("sparse_se") or 0.0,
                   r.get("steps")))
+  dense = {r["variant"]: r.get("dense_val") for r in probe.get("table") or []}
   first = {}  # variant -> the first evaluated step at >= LEARNED
   for r in probe.get("runs") or []:
     hit = [c["step"] for c in r.get("sparse_test_curve") or [] if c["accuracy"] >= LEARNED]
@@ -739,6 +740,12 @@ def _mamba2_probe_row(probe: dict, study_m2) -> dict:
            f"stays below {LEARNED} with: {named(chance)}"]
   if control:
     parts.append(f"Mamba-1: {named(control)}")
+    ref = dense.get("mamba")
+    fit = [r for r in chance if ref is not None and (dense.get(r[0]) or 0.0) >= ref]
+    if fit:  # the training task learned, the test not: what it learned does not transfer
+      parts.append(f"fits the dense training task as well as Mamba-1 (dense val >= {ref:.3f}) "
+                   f"yet stays below {LEARNED} on the sparse test: "
+                   + ", ".join(f"{r[0]} (dense val {dense[r[0]]:.3f})" for r in fit))
   if m1_vars:
     parts.append(f"Mamba-1 given one Mamba-2 property: {named(m1_vars)}")
   reason = "; ".join(parts) + f"; {budget}"

@@ -147,6 +147,50 @@ def forms_agree(workdir: str, batch: int = 2) -> dict:
           "argmax_agreement": float(jnp.mean(jnp.argmax(par, -1) == jnp.argmax(rec, -1)))}
 
 
+def context_test(workdir: str, examples: int = 128, max_k: int = 3) -> dict:
+  """Which key the trained model matches on: the sparse test, and the same rows with the
+  ``k`` tokens before the last trigger set equal to the ``k`` before the first one (so a
+  ``k + 1``-token context repeats, as long contexts do in the dense training task). A model
+  keyed on the trigger alone scores alike on all; one keyed on a longer context rises
+  with ``k``.
+
+  Returns:
+    ``{"step", "examples", "sparse", "same_prev_1", ..., "same_prev_<max_k>"}`` (accuracies
+    at the last position; rows whose first trigger has fewer than ``max_k`` tokens before it
+    are moved ``max_k`` to the right).
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from linear_attention import data
+  from linear_attention.train import results
+
+  model, config, step = results.load_model(workdir)
+  ds = data.make_dataset({**config.data.to_dict(), "dense": False, "batch_size": examples})
+  tokens = np.array(next(iter(ds.eval_batches("test", 1)))["inputs"])
+  b, t = tokens.shape
+  trig = ds.trigger_token
+  answer, first = np.zeros(b, np.int64), np.zeros(b, np.int64)
+  for r in range(b):
+    p = int(np.flatnonzero(tokens[r, :t - 1] == trig)[0])
+    answer[r] = tokens[r, p + 1]
+    if p < max_k:  # room for max_k tokens before the first trigger
+      tokens[r, p:p + 2] = tokens[r, max_k:max_k + 2]
+      p = max_k
+      tokens[r, p], tokens[r, p + 1] = trig, answer[r]
+    first[r] = p
+  logits = jax.jit(lambda x: model(x, positions=jnp.full((x.shape[0], 1), t - 1)))
+  acc = lambda x: float(np.mean(np.argmax(np.asarray(logits(jnp.asarray(x)))[:, 0], -1) == answer))
+  out = {"step": step, "examples": b, "sparse": acc(tokens)}
+  for k in range(1, max_k + 1):
+    same = tokens.copy()
+    for r in range(b):
+      same[r, t - 1 - k:t - 1] = tokens[r, first[r] - k:first[r]]
+    out[f"same_prev_{k}"] = acc(same)
+  return out
+
+
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "synthetic")
@@ -156,6 +200,9 @@ def main() -> int:
   p.add_argument("--check-forms", default="slow_decay,slow_decay_1k,default_1k",
                  help="variants whose final model is decoded step by step against its "
                       "parallel forward (about a minute each; cached in the run directory)")
+  p.add_argument("--context-test", default="mamba,slow_decay_1k,m1_scalar_a",
+                 help="variants whose final model is tested with the token before the second "
+                      "trigger repeated (see context_test; cached in the run directory)")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.steps:
@@ -203,6 +250,10 @@ def main() -> int:
       curve.append({"step": step, "accuracy": cache[key], "examples": n,
                     "se": su.binomial_se(cache[key], n)})
     r["sparse_test_curve"] = curve
+    if name in args.context_test.split(","):
+      ctx_path = os.path.join(r["workdir"], "context_test.json")
+      r["context_test"] = su.read_json(ctx_path) or context_test(r["workdir"])
+      su.write_json(ctx_path, r["context_test"])
     if name in args.check_forms.split(","):
       check_path = os.path.join(r["workdir"], "forms_agree.json")
       r["forms_agree"] = su.read_json(check_path) or forms_agree(r["workdir"])

@@ -436,6 +436,13 @@ def test_mamba2_induction_probe_row(tmp_path):
   assert row["verdict"] == claims.IN_SHAPE and "default Mamba-2 learns it" in row["reason"]
   assert "one Mamba-2 property: m1_scalar_a (0.100 at 500)" in row["reason"]
   assert "default_1k 0.800 ± 0.020 (1000 steps)" in row["ours"]
+  # A variant that fits the dense training task as well as Mamba-1 but fails the test.
+  pr = probe(mamba=0.99, slow_decay_1k=0.06, no_norm=0.07)
+  for r, d in zip(pr["table"], (0.105, 0.111, 0.066)):
+    r["dense_val"] = d
+  row = claims._mamba2_probe_row(pr, None)
+  assert "(dense val >= 0.105) yet stays below 0.5 on the sparse test: slow_decay_1k " \
+      "(dense val 0.111)" in row["reason"] and "no_norm (dense" not in row["reason"]
   # load() attaches the probe file to the synthetic result.
   (tmp_path / "synthetic").mkdir()
   (tmp_path / "synthetic" / "synthetic.json").write_text(json.dumps({"x": 1}))
