@@ -4,24 +4,47 @@ hypothesis, each changing one thing of Mamba-2 towards Mamba-1 (issue 30, item 3
 The synthetic study (``study_synthetic.py``) trains every mixer on the dense induction task
 at T=256 (d 64, 2 layers, the short-conv recipe, lr 3e-3, batch 16) and tests on the paper's
 sparse one-trigger task. There Mamba reached 0.994 on the sparse test after 800 steps and
-Mamba-2 0.066 (chance 1/15). What differs between the two layers, and the variant that tests
-it (``--variants``):
+Mamba-2 0.066 (chance 1/15).
 
-* ``slow_decay``: the decay's starting point. Mamba-1's ``A`` runs 1..16 over the state
-  dimensions of every channel, so each channel holds a slowly decaying state dimension
-  (``A = 1``); Mamba-2's one ``A`` per head is uniform in [1, 16]. A recalled token sits
-  about 128 positions before its query, and ``exp(-A dt)`` over 128 steps is about
-  ``exp(-0.17 * 128)`` for Mamba-2's mean: no gradient reaches the write. Variant:
-  ``a_init_range = (1/32, 1/2)``.
-* ``per_head_bc``: ``B, C`` shared by the heads (``ngroups = 1``) -> one group per head.
-* ``small_heads``: the head dimension (64, so 2 ``dt`` values per token) -> 16 heads of 8:
-  Mamba-1 selects with one ``dt`` per channel.
-* ``no_norm``: the gated RMSNorm over the heads' output -> none (Mamba-1 has none).
-* ``channel_dt``: head dimension 1 (one ``dt`` and one ``A`` per channel, as Mamba-1, with
-  ``B, C`` still shared) plus the slow decay.
-* ``linear_bc``: the SiLU after the conv on ``B, C`` (so keys and queries are mostly
-  positive, and every key overlaps every query) -> on ``x`` only; Mamba-1's ``B, C`` are
-  linear projections, signed.
+Every structural difference between the two layers (``nn/recurrent.py`` ``Mamba``,
+``nn/gated.py`` ``Mamba2``) at the study's size (d 64, ``d_inner`` 128, ``N`` 16, 2 heads),
+and the option that moves one towards the other:
+
+=================  ================================  ===============================  ============================
+part               Mamba-1 (``mamba``)               Mamba-2 (``mamba2``)             option (variant)
+=================  ================================  ===============================  ============================
+conv runs over     ``x``                             ``x, B, C``                      ``bc_from_conv`` (m2)
+``B, C``           ``W_x silu(conv(x))``: signed,    ``silu(conv(W u))``: mostly      ``bc_from_conv``,
+                   read from the conv'd ``x``        positive, own conv channels      ``bc_activation=False``
+``dt`` from        the conv'd ``x``, rank 4          the layer input ``u``, full      ``dt_from_conv`` (m2),
+                                                     rank, before the conv            ``dt_from_input`` (m1)
+``dt`` shared by   1 channel (128 per token)         a head of 64 (2 per token)       ``num_heads``
+``A``              per channel and state dim,        one per head, uniform [1, 16]    ``scalar_a`` (m1),
+                   1..16 (each channel has A = 1)                                     ``a_init_range``
+``B, C`` shared    by all channels                   by all heads (``ngroups`` 1)     ``ngroups``
+output             ``W_out(y silu(z))``              ``W_out(RMSNorm(y silu(z)))``    ``norm=False``
+``D`` skip         per channel                       per head                         (= at head dim 1)
+state per layer    128 x 16 = 2048                   2 x 16 x 64 = 2048               (equal)
+``dt`` init        log-uniform [1e-3, 0.1]           the same, per head               (equal)
+op                 ``selective_scan``                ``ssd`` (chunked matmuls)        ``forms_agree`` check
+=================  ================================  ===============================  ============================
+
+Mamba-2 at head dimension 1 with ``dt_from_conv``, ``bc_from_conv`` and ``norm=False`` is
+Mamba-1 with ``scalar_a`` up to ``dt``'s rank (``tests/nn/test_mamba_options.py`` copies the
+weights across and checks the outputs agree). The variants (``--variants``):
+
+* ``slow_decay``: the decay's starting point, ``a_init_range = (1/32, 1/2)``: Mamba-2's mean
+  ``A dt`` (about 0.17 in the first layer) forgets a token 128 positions back.
+* ``per_head_bc``: one ``B, C`` group per head (``ngroups = 2``).
+* ``small_heads``: 16 heads of 8 (more ``dt`` values per token).
+* ``no_norm``: no gated RMSNorm.
+* ``channel_dt``: head dimension 1 plus the slow decay (slow: 3x Mamba-1's step time).
+* ``linear_bc``: no SiLU on ``B, C`` (signed keys and queries, as Mamba-1's).
+* ``m2_as_m1_h2``: every Mamba-1-like change at once at 2 heads: ``dt`` and ``B, C`` from
+  the conv'd ``x``, no norm, slow decay; ``m2_as_m1`` the same at head dimension 1.
+* ``m1_scalar_a``, ``m1_dt_input``: Mamba-1 with one Mamba-2 property (one ``A`` per
+  channel; ``dt`` from the layer input).
+* ``*_1k``: 1000 steps instead of 500, for variants that leave the loss plateau late.
 * ``mamba``: Mamba-1 itself, the positive control at the same budget.
 
 Each run keeps a checkpoint every ``--eval-every`` steps; each is tested on the sparse task
@@ -42,6 +65,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _study_utils as su  # noqa: E402
 
+_M1 = "model.mixer_kwargs.mamba."
 _M2 = "model.mixer_kwargs.mamba2."
 VARIANTS = {
     "default": {"model.mixer": "mamba2"},
@@ -53,11 +77,118 @@ VARIANTS = {
                    _M2 + "a_init_range": (1 / 32, 0.5)},
     "linear_bc": {"model.mixer": "mamba2", _M2 + "bc_activation": False},
     "mamba": {"model.mixer": "mamba"},
+    # Mamba-2 with every Mamba-1-like change at once, at Mamba-2's 2 heads of 64 ...
+    "m2_as_m1_h2": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True,
+                    _M2 + "bc_from_conv": True, _M2 + "norm": False,
+                    _M2 + "a_init_range": (1 / 32, 0.5)},
+    # ... and at head dimension 1 (one dt and A per channel, Mamba-1's selection); chunk 8
+    # only for speed (128 heads of 1 cost 3x Mamba-1 per step at chunk 8, 5x at 64).
+    "m2_as_m1": {"model.mixer": "mamba2", "model.num_heads": 128, _M2 + "chunk_size": 8,
+                 _M2 + "dt_from_conv": True, _M2 + "bc_from_conv": True, _M2 + "norm": False,
+                 _M2 + "a_init_range": (1 / 32, 0.5)},
+    # Mamba-1 with one Mamba-2 property at a time.
+    "m1_scalar_a": {"model.mixer": "mamba", _M1 + "scalar_a": True},
+    "m1_dt_input": {"model.mixer": "mamba", _M1 + "dt_from_input": True},
+    # Longer runs (the schedule is constant after warm-up, so the first steps are the 500-step
+    # run's): does a variant that starts to leave the plateau at 500 steps learn later?
+    "slow_decay_1k": {"model.mixer": "mamba2", _M2 + "a_init_range": (1 / 32, 0.5),
+                      "train.steps": 1000},
+    "default_1k": {"model.mixer": "mamba2", "train.steps": 1000},
+    "m2_as_m1_h2_1k": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True,
+                       _M2 + "bc_from_conv": True, _M2 + "norm": False,
+                       _M2 + "a_init_range": (1 / 32, 0.5), "train.steps": 1000},
 }
-FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=600,
+FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=500,
             eval_every=100, test_examples=128)
 SMOKE = dict(seq_len=32, batch=8, d_model=32, lr=3e-3, short_conv=3, steps=20,
              eval_every=10, test_examples=8)
+
+
+def sized(overrides: dict, size: dict) -> dict:
+  """``overrides`` fitted to ``size``: head dimension 1 stays 1 (``num_heads = d_inner``) and
+  a longer run stays twice the size's steps (so ``--smoke`` stays tiny)."""
+  o = dict(overrides)
+  if o.get("model.num_heads") == 128:
+    o["model.num_heads"] = 2 * size["d_model"]
+  if "train.steps" in o:
+    o["train.steps"] = 2 * size["steps"]
+  return o
+
+
+def forms_agree(workdir: str, batch: int = 2) -> dict:
+  """The trained model's parallel forward (``ssd``'s chunked form for Mamba-2) against its
+  token-by-token decoding (the recurrent step) on ``batch`` sparse test rows at the training
+  length: a numerics fault in either form would show here, not only in the unit tests.
+
+  Returns:
+    ``{"step", "max_abs_logit_diff", "argmax_agreement"}`` (over every position).
+  """
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from linear_attention import data
+  from linear_attention.train import results
+
+  model, config, step = results.load_model(workdir)
+  ds = data.make_dataset({**config.data.to_dict(), "dense": False, "batch_size": batch})
+  tokens = jnp.asarray(next(iter(ds.eval_batches("test", 1)))["inputs"])
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def both(state, tokens):
+    m = nnx.merge(graphdef, state)
+    body = lambda cache, tok: tuple(reversed(m.decode_step(tok, cache)))
+    _, steps = jax.lax.scan(body, m.init_cache(tokens.shape[0], tokens.shape[1]), tokens.T)
+    return m(tokens).astype(jnp.float32), jnp.swapaxes(steps, 0, 1).astype(jnp.float32)
+
+  par, rec = both(state, tokens)
+  return {"step": step, "max_abs_logit_diff": float(jnp.max(jnp.abs(par - rec))),
+          "argmax_agreement": float(jnp.mean(jnp.argmax(par, -1) == jnp.argmax(rec, -1)))}
+
+
+def context_test(workdir: str, examples: int = 128, max_k: int = 3) -> dict:
+  """Which key the trained model matches on: the sparse test, and the same rows with the
+  ``k`` tokens before the last trigger set equal to the ``k`` before the first one (so a
+  ``k + 1``-token context repeats, as long contexts do in the dense training task). A model
+  keyed on the trigger alone scores alike on all; one keyed on a longer context rises
+  with ``k``.
+
+  Returns:
+    ``{"step", "examples", "sparse", "same_prev_1", ..., "same_prev_<max_k>"}`` (accuracies
+    at the last position; rows whose first trigger has fewer than ``max_k`` tokens before it
+    are moved ``max_k`` to the right).
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from linear_attention import data
+  from linear_attention.train import results
+
+  model, config, step = results.load_model(workdir)
+  ds = data.make_dataset({**config.data.to_dict(), "dense": False, "batch_size": examples})
+  tokens = np.array(next(iter(ds.eval_batches("test", 1)))["inputs"])
+  b, t = tokens.shape
+  trig = ds.trigger_token
+  answer, first = np.zeros(b, np.int64), np.zeros(b, np.int64)
+  for r in range(b):
+    p = int(np.flatnonzero(tokens[r, :t - 1] == trig)[0])
+    answer[r] = tokens[r, p + 1]
+    if p < max_k:  # room for max_k tokens before the first trigger
+      tokens[r, p:p + 2] = tokens[r, max_k:max_k + 2]
+      p = max_k
+      tokens[r, p], tokens[r, p + 1] = trig, answer[r]
+    first[r] = p
+  logits = jax.jit(lambda x: model(x, positions=jnp.full((x.shape[0], 1), t - 1)))
+  acc = lambda x: float(np.mean(np.argmax(np.asarray(logits(jnp.asarray(x)))[:, 0], -1) == answer))
+  out = {"step": step, "examples": b, "sparse": acc(tokens)}
+  for k in range(1, max_k + 1):
+    same = tokens.copy()
+    for r in range(b):
+      same[r, t - 1 - k:t - 1] = tokens[r, first[r] - k:first[r]]
+    out[f"same_prev_{k}"] = acc(same)
+  return out
 
 
 def main() -> int:
@@ -66,6 +197,12 @@ def main() -> int:
   p.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "default"),
                  help=f"comma-separated among {', '.join(VARIANTS)}")
   p.add_argument("--steps", type=int, help="training steps (default: the size's)")
+  p.add_argument("--check-forms", default="slow_decay,slow_decay_1k,default_1k",
+                 help="variants whose final model is decoded step by step against its "
+                      "parallel forward (about a minute each; cached in the run directory)")
+  p.add_argument("--context-test", default="mamba,slow_decay_1k,m1_scalar_a",
+                 help="variants whose final model is tested with the token before the second "
+                      "trigger repeated (see context_test; cached in the run directory)")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.steps:
@@ -75,6 +212,9 @@ def main() -> int:
   if bad:
     raise ValueError(f"--variants must be among {', '.join(VARIANTS)}; got {bad}.")
   steps = size["steps"]
+  points = [sized(VARIANTS[n], size) for n in names]
+  # A variant may train longer ("train.steps"); every run keeps all its evaluated checkpoints.
+  longest = max([steps] + [p.get("train.steps", 0) for p in points])
   flags = (f"--config.data.seq_len={size['seq_len']}", f"--config.data.batch_size={size['batch']}",
            f"--config.model.d_model={size['d_model']}", f"--config.optim.lr={size['lr']}",
            "--config.optim.schedule=constant", f"--config.train.steps={steps}",
@@ -82,10 +222,10 @@ def main() -> int:
            f"--config.train.eval_every={size['eval_every']}",
            f"--config.train.log_every={max(steps // 20, 1)}", "--config.train.eval_batches=4",
            f"--config.train.checkpoint_every={size['eval_every']}",
-           f"--config.train.keep_checkpoints={steps // size['eval_every'] + 1}",
+           f"--config.train.keep_checkpoints={longest // size['eval_every'] + 1}",
            f"--config.model.short_conv={size['short_conv']}", "--config.data.dense=True")
   runs = os.path.join(su.runs_dir(args, "synthetic"), "mamba2_induction_probe")
-  rows = su.train_grid("configs/induction_heads.py:size=small", [VARIANTS[n] for n in names],
+  rows = su.train_grid("configs/induction_heads.py:size=small", points,
                        runs, args.workers, flags, collect_only=args.collect)
 
   from linear_attention.train import results
@@ -110,6 +250,14 @@ def main() -> int:
       curve.append({"step": step, "accuracy": cache[key], "examples": n,
                     "se": su.binomial_se(cache[key], n)})
     r["sparse_test_curve"] = curve
+    if name in args.context_test.split(","):
+      ctx_path = os.path.join(r["workdir"], "context_test.json")
+      r["context_test"] = su.read_json(ctx_path) or context_test(r["workdir"])
+      su.write_json(ctx_path, r["context_test"])
+    if name in args.check_forms.split(","):
+      check_path = os.path.join(r["workdir"], "forms_agree.json")
+      r["forms_agree"] = su.read_json(check_path) or forms_agree(r["workdir"])
+      su.write_json(check_path, r["forms_agree"])
     print(f"{name:>12}: sparse test " + " ".join(f"{c['step']}:{c['accuracy']:.2f}"
                                               for c in curve), flush=True)
     r["workdir"] = su.relative_path(r["workdir"])
@@ -122,7 +270,7 @@ def main() -> int:
             "steps": r["metrics"].get("step")}
            for r in rows if r["status"] == "done"]
   out = {"study": "mamba2_induction_probe", "config": {"smoke": args.smoke, **size,
-                                                      "variants": {n: VARIANTS[n] for n in names}},
+                                                      "variants": dict(zip(names, points))},
          "chance": 1 / 15, "elapsed_s": time.time() - t0,
          "environment": su.environment(shared_machine=True), "table": table, "runs": rows}
   os.makedirs(args.out, exist_ok=True)

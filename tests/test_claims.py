@@ -456,15 +456,36 @@ def test_mqar_tuned_init_judged_with_the_default_beside():
 
 def test_mamba2_induction_probe_row(tmp_path):
   def probe(**accs):
-    return {"config": {"seq_len": 256, "steps": 500, "batch": 16, "test_examples": 128},
+    mixer = lambda v: "mamba" if v.startswith("m1_") or v == "mamba" else "mamba2"
+    return {"config": {"seq_len": 256, "steps": 500, "batch": 16, "test_examples": 128,
+                       "eval_every": 100},
             "chance": 1 / 15,
-            "table": [{"variant": v, "mixer": "mamba" if v == "mamba" else "mamba2",
-                       "sparse_test": p, "sparse_se": 0.02} for v, p in accs.items()]}
+            "table": [{"variant": v, "mixer": mixer(v), "sparse_test": p, "sparse_se": 0.02,
+                       "steps": 1000 if v.endswith("_1k") else 500} for v, p in accs.items()],
+            "runs": [{"variant": v, "sparse_test_curve": [
+                {"step": 100, "accuracy": 0.07}, {"step": 200, "accuracy": p}]}
+                for v, p in accs.items()]}
   row = claims._mamba2_probe_row(probe(slow_decay=0.07, linear_bc=0.9, mamba=0.99), None)
-  assert row["verdict"] == claims.IN_SHAPE and "linear_bc (0.900)" in row["reason"]
+  assert row["verdict"] == claims.IN_SHAPE
+  assert "learns (>= 0.5) with: linear_bc (0.900 at 500, >= 0.5 from step 200)" in row["reason"]
+  assert "below 0.5 with: slow_decay (0.070 at 500)" in row["reason"]
+  assert "default Mamba-2 learns" not in row["reason"]
   row = claims._mamba2_probe_row(probe(slow_decay=0.07, no_norm=0.06), (0.066, 0.011, 512))
-  assert row["verdict"] == claims.NOT_REPRODUCED and "slow_decay, no_norm" in row["reason"]
+  assert row["verdict"] == claims.NOT_REPRODUCED
+  assert "slow_decay (0.070 at 500), no_norm (0.060 at 500)" in row["reason"]
   assert row["ours"].startswith("study default 0.066")
+  # The default Mamba-2 learning with more steps; a Mamba-1 variant that a property breaks.
+  row = claims._mamba2_probe_row(probe(default_1k=0.8, mamba=0.99, m1_scalar_a=0.1), None)
+  assert row["verdict"] == claims.IN_SHAPE and "default Mamba-2 learns it" in row["reason"]
+  assert "one Mamba-2 property: m1_scalar_a (0.100 at 500)" in row["reason"]
+  assert "default_1k 0.800 ± 0.020 (1000 steps)" in row["ours"]
+  # A variant that fits the dense training task as well as Mamba-1 but fails the test.
+  pr = probe(mamba=0.99, slow_decay_1k=0.06, no_norm=0.07)
+  for r, d in zip(pr["table"], (0.105, 0.111, 0.066)):
+    r["dense_val"] = d
+  row = claims._mamba2_probe_row(pr, None)
+  assert "(dense val >= 0.105) yet stays below 0.5 on the sparse test: slow_decay_1k " \
+      "(dense val 0.111)" in row["reason"] and "no_norm (dense" not in row["reason"]
   # load() attaches the probe file to the synthetic result.
   (tmp_path / "synthetic").mkdir()
   (tmp_path / "synthetic" / "synthetic.json").write_text(json.dumps({"x": 1}))

@@ -311,6 +311,10 @@ class Mamba2(mixer.Mixer):
   ``norm=False`` drops the gated RMSNorm (the output is ``W_out(y * silu(z))``, as in
   Mamba-1); ``bc_activation=False`` applies the conv's SiLU to ``x`` only, leaving ``B, C``
   linear (signed) as Mamba-1's projections are; both for ablations.
+  ``dt_from_conv=True`` projects ``dt`` from the conv'd, SiLU'd ``x`` (``W_dt silu(conv(x))``,
+  ``[d_inner -> H]``, full rank) as Mamba-1 does, instead of from the layer input;
+  ``bc_from_conv=True`` likewise projects ``B, C`` from it (``W_bc silu(conv(x))``; the conv
+  then runs over ``x`` only), Mamba-1's layout; both for ablations (issue 30).
   """
 
   context_parallel = True
@@ -320,6 +324,7 @@ class Mamba2(mixer.Mixer):
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
                a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
                norm_eps: float = 1e-5, norm: bool = True, bc_activation: bool = True,
+               dt_from_conv: bool = False, bc_from_conv: bool = False,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
                              a_init_range=a_init_range)
@@ -328,9 +333,15 @@ class Mamba2(mixer.Mixer):
     mixer.check_divisible("num_heads", num_heads, "ngroups", ngroups)
     self.num_heads, self.head_dim, self.d_inner = num_heads, d_inner // num_heads, d_inner
     self.d_state, self.ngroups, self.chunk_size = d_state, ngroups, chunk_size
-    conv_dim = d_inner + 2 * ngroups * d_state
+    self.dt_from_conv, self.bc_from_conv = dt_from_conv, bc_from_conv
+    gn2 = 2 * ngroups * d_state
+    conv_dim = d_inner + (0 if bc_from_conv else gn2)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.in_proj = modules.dense(d_model, d_inner + conv_dim + num_heads, **kw)
+    self.in_proj = modules.dense(d_model, d_inner + conv_dim + (0 if dt_from_conv else num_heads),
+                                 **kw)
+    # Mamba-1's x_proj: dt and/or B, C read from the conv'd x (ablations only).
+    n_x = (num_heads if dt_from_conv else 0) + (gn2 if bc_from_conv else 0)
+    self.x_proj = modules.dense(d_inner, n_x, **kw) if n_x else None
     self.bc_activation = bc_activation
     self.conv = modules.ShortConv(conv_dim, conv_width, activation="silu" if bc_activation else None,
                                   rngs=rngs, param_dtype=param_dtype)
@@ -346,17 +357,25 @@ class Mamba2(mixer.Mixer):
   def _split(self, zxbcdt):
     di, gn = self.d_inner, self.ngroups * self.d_state
     z = zxbcdt[..., :di]
-    xbc = zxbcdt[..., di:2 * di + 2 * gn]
-    dt = zxbcdt[..., 2 * di + 2 * gn:]
+    end = 2 * di + (0 if self.bc_from_conv else 2 * gn)
+    xbc = zxbcdt[..., di:end]
+    dt = None if self.dt_from_conv else zxbcdt[..., end:]
     return z, xbc, dt
 
-  def _ssd_args(self, xbc):
+  def _ssd_args(self, xbc, dt):
+    """The conv'd ``xbc`` (and ``dt`` unless read from it) -> ``x, dt, B, C`` for ``ssd``."""
     di, gn = self.d_inner, self.ngroups * self.d_state
     x = xbc[..., :di] if self.bc_activation else jax.nn.silu(xbc[..., :di])
-    x = modules.split_heads(x, self.num_heads)
-    b = modules.split_heads(xbc[..., di:di + gn], self.ngroups)
-    c = modules.split_heads(xbc[..., di + gn:], self.ngroups)
-    return x, b, c
+    bc = xbc[..., di:]
+    if self.x_proj is not None:
+      proj = self.x_proj(x)
+      if self.bc_from_conv:
+        bc, proj = proj[..., :2 * gn], proj[..., 2 * gn:]
+      if self.dt_from_conv:
+        dt = proj
+    b = modules.split_heads(bc[..., :gn], self.ngroups)
+    c = modules.split_heads(bc[..., gn:], self.ngroups)
+    return modules.split_heads(x, self.num_heads), dt.astype(jnp.float32), b, c
 
   def _params(self):
     return (-jnp.exp(_f32(self.A_log[...])), _f32(self.D[...]), _f32(self.dt_bias[...]))
@@ -370,9 +389,9 @@ class Mamba2(mixer.Mixer):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     z, xbc, dt = self._split(self.in_proj(x))
-    xs, b, c = self._ssd_args(self.conv(xbc, segment_ids))
+    xs, dt, b, c = self._ssd_args(self.conv(xbc, segment_ids), dt)
     a, d, dt_bias = self._params()
-    y = gated_ops.ssd(xs, dt.astype(jnp.float32), a, b, c, d, dt_bias=dt_bias, dt_softplus=True,
+    y = gated_ops.ssd(xs, dt, a, b, c, d, dt_bias=dt_bias, dt_softplus=True,
                       chunk_size=self.chunk_size, segment_ids=segment_ids, context=cp.context())
     return self._out(y, z)
 
@@ -386,9 +405,9 @@ class Mamba2(mixer.Mixer):
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     z, xbc, dt = self._split(self.in_proj(x))
     xbc, conv_state = self.conv.step(xbc, cache["conv"])
-    xs, b, c = self._ssd_args(xbc)
+    xs, dt, b, c = self._ssd_args(xbc, dt)
     a, d, dt_bias = self._params()
-    y, state = gated_ops.ssd_step(cache["state"], xs, dt.astype(jnp.float32), a, b, c, d,
+    y, state = gated_ops.ssd_step(cache["state"], xs, dt, a, b, c, d,
                                   dt_bias=dt_bias, dt_softplus=True)
     return self._out(y, z), {"conv": conv_state, "state": state}
 
@@ -431,9 +450,9 @@ class LogLinearMamba2(Mamba2):
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     z, xbc, dt = self._split(self.in_proj(x))
-    xs, b, c = self._ssd_args(self.conv(xbc, segment_ids))
+    xs, dt, b, c = self._ssd_args(self.conv(xbc, segment_ids), dt)
     a, d, dt_bias = self._params()
-    y = loglinear_ops.loglinear_ssd(xs, dt.astype(jnp.float32), a, b, c, self._levels(x), d,
+    y = loglinear_ops.loglinear_ssd(xs, dt, a, b, c, self._levels(x), d,
                                     dt_bias=dt_bias, dt_softplus=True,
                                     chunk_size=self.chunk_size, segment_ids=segment_ids,
                                     context=cp.context())
@@ -449,9 +468,9 @@ class LogLinearMamba2(Mamba2):
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     z, xbc, dt = self._split(self.in_proj(x))
     xbc, conv_state = self.conv.step(xbc, cache["conv"])
-    xs, b, c = self._ssd_args(xbc)
+    xs, dt, b, c = self._ssd_args(xbc, dt)
     a, d, dt_bias = self._params()
     y, (s, pos) = loglinear_ops.loglinear_ssd_step(
-        (cache["state"], cache["pos"]), xs, dt.astype(jnp.float32), a, b, c, self._levels(x), d,
+        (cache["state"], cache["pos"]), xs, dt, a, b, c, self._levels(x), d,
         dt_bias=dt_bias, dt_softplus=True)
     return self._out(y, z), {"conv": conv_state, "state": s, "pos": pos}

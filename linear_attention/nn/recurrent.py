@@ -36,6 +36,12 @@ class Mamba(mixer.Mixer):
       at 1.0). A smaller scale starts with a slower decay (longer memory).
     dt_min, dt_max: ``dt = softplus(dt_bias)`` is drawn log-uniformly in this
       range per channel at init (floored at ``dt_init_floor``).
+
+  Ablations towards Mamba-2 (issue 30; off by default):
+    scalar_a: one ``A`` per channel shared by its ``N`` state dimensions (Mamba-2 has one
+      per head), drawn uniform in ``a_init_scale * [1, N]``; the parameter is ``[d_inner]``.
+    dt_from_input: ``dt``'s rank-``dt_rank`` input is projected from the layer input ``u``
+      (before the conv), as Mamba-2 does, instead of from the conv'd ``x``.
   """
 
   context_parallel = True
@@ -43,6 +49,7 @@ class Mamba(mixer.Mixer):
   def __init__(self, d_model: int, num_heads: int = 1, *, d_state: int = 16, expand: int = 2,
                conv_width: int = 4, dt_rank: int | None = None, dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4, a_init_scale: float = 1.0,
+               scalar_a: bool = False, dt_from_input: bool = False,
                chunk_size: int = 64, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     del num_heads
     modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
@@ -50,37 +57,47 @@ class Mamba(mixer.Mixer):
     d_inner = expand * d_model
     dt_rank = math.ceil(d_model / 16) if dt_rank is None else dt_rank
     self.d_inner, self.d_state, self.dt_rank, self.chunk_size = d_inner, d_state, dt_rank, chunk_size
+    self.dt_from_input = dt_from_input
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.in_proj = modules.dense(d_model, 2 * d_inner, **kw)
     self.conv = modules.ShortConv(d_inner, conv_width, rngs=rngs, param_dtype=param_dtype)
-    self.x_proj = modules.dense(d_inner, dt_rank + 2 * d_state, **kw)
+    self.x_proj = modules.dense(d_inner, (0 if dt_from_input else dt_rank) + 2 * d_state, **kw)
+    self.u_proj = modules.dense(d_model, dt_rank, **kw) if dt_from_input else None
     # dt_proj's weight scaled as in Mamba (std dt_rank^-0.5); its bias is dt_bias.
     self.dt_proj = modules.dense(dt_rank, d_inner, kernel_init=nnx.initializers.uniform(
         2 * dt_rank**-0.5), **kw)
     self.dt_bias = modules.param(
         modules.dt_bias_init(rngs.params(), (d_inner,), dt_min, dt_max, dt_init_floor), param_dtype)
-    a = jnp.broadcast_to(a_init_scale * jnp.arange(1, d_state + 1, dtype=jnp.float32),
-                         (d_inner, d_state))
+    if scalar_a:
+      a = a_init_scale * jax.random.uniform(rngs.params(), (d_inner,), minval=1.0,
+                                            maxval=float(d_state))
+    else:
+      a = jnp.broadcast_to(a_init_scale * jnp.arange(1, d_state + 1, dtype=jnp.float32),
+                           (d_inner, d_state))
     self.A_log = modules.param(jnp.log(a), param_dtype)
     self.D = modules.param(jnp.ones((d_inner,)), param_dtype)
     self.out_proj = modules.dense(d_inner, d_model, **kw)
 
-  def _ssm_inputs(self, x):
+  def _ssm_inputs(self, x, u):
+    """``dt, B, C`` from the conv'd ``x`` (``dt`` from the layer input ``u`` if asked)."""
     dbc = self.x_proj(x)
-    r, n = self.dt_rank, self.d_state
-    dt = self.dt_proj(dbc[..., :r])
+    r, n = (0 if self.dt_from_input else self.dt_rank), self.d_state
+    dt = self.dt_proj(self.u_proj(u) if self.dt_from_input else dbc[..., :r])
     return dt, dbc[..., r:r + n], dbc[..., r + n:]
 
   def _params(self):
     f = jnp.float32
-    return -jnp.exp(self.A_log[...].astype(f)), self.D[...].astype(f), self.dt_bias[...].astype(f)
+    a = -jnp.exp(self.A_log[...].astype(f))
+    if a.ndim == 1:  # scalar_a: one A per channel for all its state dimensions
+      a = jnp.broadcast_to(a[:, None], (self.d_inner, self.d_state))
+    return a, self.D[...].astype(f), self.dt_bias[...].astype(f)
 
   def __call__(self, u: Array, segment_ids: Array | None = None) -> Array:
     """``u [B, T, D]`` -> ``[B, T, D]``."""
     xz = self.in_proj(u)
     x, z = xz[..., :self.d_inner], xz[..., self.d_inner:]
     x = self.conv(x, segment_ids)
-    dt, b, c = self._ssm_inputs(x)
+    dt, b, c = self._ssm_inputs(x, u)
     a, d, dt_bias = self._params()
     y = ssm_ops.selective_scan(x, dt, a, b, c, d, z, dt_bias=dt_bias, dt_softplus=True,
                                chunk_size=self.chunk_size, segment_ids=segment_ids,
@@ -97,7 +114,7 @@ class Mamba(mixer.Mixer):
     xz = self.in_proj(u)
     x, z = xz[..., :self.d_inner], xz[..., self.d_inner:]
     x, conv_state = self.conv.step(x, cache["conv"])
-    dt, b, c = self._ssm_inputs(x)
+    dt, b, c = self._ssm_inputs(x, u)
     a, d, dt_bias = self._params()
     y, state = ssm_ops.selective_scan_step(cache["state"], x, dt, a, b, c, d, z,
                                            dt_bias=dt_bias, dt_softplus=True)
