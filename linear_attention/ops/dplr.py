@@ -119,6 +119,23 @@ def resolve_form(form: str) -> str:
   return DEFAULT_FORMS.get(jax.default_backend(), "chunk") if form == "auto" else form
 
 
+# The chunk length ``chunk_size=None`` gives per backend. On CPU, by measurement (KDA, B=1,
+# H=4, K=V=64, T=4096, float32, one XLA thread, process CPU time on a loaded machine), 32
+# tokens per chunk against 64: forward 190 against 249 ms and forward+backward 929 against
+# 1332 ms; with XLA's multi-threaded Eigen off only, 184 / 298 ms and 665 / 820 ms. The
+# per-channel in-chunk scores cost about ``C (C / s + s)`` exps per channel and chunk of
+# ``C`` steps (sub-chunks of ``s``), so per token they grow with ``C`` while the state pass
+# shrinks; 16 was hardly faster (169 ms forward) and its gradient segfaulted in XLA's CPU
+# backend under ``XLA_FLAGS=intra_op_parallelism_threads=1``. Elsewhere 64, as the kernels tile.
+DEFAULT_CHUNK_SIZES = {"cpu": 32}
+
+
+def resolve_chunk_size(chunk_size: int | None) -> int:
+  """``chunk_size``, or for None this backend's default:
+  ``DEFAULT_CHUNK_SIZES.get(jax.default_backend(), 64)``."""
+  return DEFAULT_CHUNK_SIZES.get(jax.default_backend(), 64) if chunk_size is None else chunk_size
+
+
 def _check_like(name: str, x, expected, what: str) -> None:
   common.check_float(name, x)
   common.check_shape(name, x, expected, what)
@@ -143,7 +160,7 @@ def dplr_attention(
     *,
     scale: float | None = None,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -170,7 +187,8 @@ def dplr_attention(
     form: ``"auto"`` (default: :func:`resolve_form`, the recurrent form on CPU, the chunk
       form on GPU and TPU), ``"chunk"`` (linear in T), ``"recurrent"`` or ``"parallel"``.
     chunk_size: tokens per chunk of the chunk form (``chunk_size * R``
-      sub-steps; any ``T`` works, padded inside).
+      sub-steps; any ``T`` works, padded inside); None: :func:`resolve_chunk_size`, 32 on
+      CPU (measured faster there) and 64 elsewhere.
     initial_state: optional ``[B, H, K, V]`` state before the first token.
     return_state: also return the final state.
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; no
@@ -196,6 +214,7 @@ def dplr_attention(
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with
     ``state`` ``[B, H, K, V]`` in float32 (float64 for float64 inputs).
   """
+  chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
@@ -360,10 +379,8 @@ def _parallel(qh, kh, vh, ah, bh, gh, seg, s0):
   return o, state
 
 
-# Chunks per block of the chunk form's outer scan (see _chunk). Larger than the decay
-# engine's 16: on a CPU (B=1, H=4, K=V=64, chunk 64, T=4096) the backward through the
-# outer scan took about 0.25 s of CPU time more with 16 than with one block of 64.
-_BLOCK_CHUNKS = 64
+# Chunks per block of the chunk form's outer scan (see _chunk and common.BLOCK_CHUNKS).
+_BLOCK_CHUNKS = common.block_chunks("dplr")
 
 
 def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c, block_chunks=_BLOCK_CHUNKS):
@@ -535,7 +552,7 @@ def rwkv7(
     *,
     scale: float | None = 1.0,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -576,6 +593,7 @@ def rwkv7(
   """
   bsz, t, h, dk, dv = common.check_qkv(r, k, v, names=("r", "k", "v"))
   _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, t, h))
+  chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, r, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
@@ -632,7 +650,7 @@ def kda(
     *,
     scale: float | None = None,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -663,6 +681,7 @@ def kda(
   bsz, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_beta(beta, (bsz, t, h), "[B, T, H]")
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
+  chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
@@ -739,7 +758,7 @@ def gated_deltaproduct(
     *,
     scale: float | None = None,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -773,6 +792,7 @@ def gated_deltaproduct(
   bsz, t, h, dk = q.shape
   common.check_seq_len(t, "axis 1 of q")
   _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
+  chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
