@@ -32,8 +32,9 @@ Forms (all agree; the tests prove it):
   with dense pairwise per-channel decays ``[T', T', K]`` and the inverse by
   forward substitution; quadratic, for short inputs.
 * ``chunk``: WY / UT-transform chunks, linear in T.
-* ``auto`` (default): :data:`DEFAULT_FORMS` by backend, ``recurrent`` on CPU and
-  ``chunk`` on GPU and TPU; see :func:`resolve_form`.
+* ``auto`` (default): :data:`DEFAULT_FORMS` by backend, ``chunk`` on every backend
+  (on CPU the faster forward+backward; the recurrent form is the faster forward alone
+  there); see :func:`resolve_form`.
 
 The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
 the in-chunk inclusive cumulative log decay at sub-step ``i`` (a ``[K]``
@@ -87,22 +88,18 @@ Array = jax.Array
 
 # ------------------------------------------------------------------ the engine
 
-# The form ``form="auto"`` picks per backend. On CPU, by measurement
-# (experiments/bench_delta_forms.py, results/bench_delta_forms_cpu.json: B=1, H=4,
-# K=V=64, XLA's default threads, a loaded 2-core machine), the token-by-token scan beat the
-# chunk form at T = 1k, 4k and 16k, forward and forward+backward: KDA's chunk form took
-# 2.6-3.2x the recurrent form's time forward and 2.1-2.8x fwd+bwd, RWKV-7's 2.3-4x and
-# 2.3-5.7x. Each token's update is a few passes over a [K, V] state that stays in cache,
-# while the chunk form's per-channel in-chunk scores (four of them) cost an ``exp`` per
-# (pair, channel) in small batched ops. One caveat, measured in CPU time: with XLA's
-# single-threaded Eigen (``--xla_cpu_multi_thread_eigen=false``) the recurrent form's
-# backward slows 3-4x and the chunk form wins fwd+bwd (RWKV-7 at 4k: 0.61 s against 1.72
-# s); pass ``form="chunk"`` there. On GPU and TPU the chunk form's matmuls are the fast path.
-# Rerun after the in-chunk scores shared their decay factors (a KDA fwd+bwd process at
-# 4k, compile included: 0.77x the CPU time of before) on a machine loaded ~10x over its cores
-# (results/bench_delta_forms_cpu_loaded.json, matmul 15.5 GFLOP/s): the chunk form was still
-# the slower, fwd+bwd 0.19-0.23x the recurrent form's speed for KDA and 0.27-0.62x for RWKV-7.
-DEFAULT_FORMS = {"cpu": "recurrent"}
+# The form ``form="auto"`` picks per backend: the chunk form everywhere, by the training
+# measure, forward+backward. On CPU (experiments/bench_delta_forms.py,
+# results/bench_delta_forms_cpu.json: B=1, H=4, K=V=64, float32, one XLA thread, process CPU
+# time on a loaded 2-core machine, 32-token chunks) the chunk form's forward+backward beat the
+# token-by-token scan 2.5x for KDA at 1k and 2.6x at 4k (943 against 2434 ms), whose backward
+# replays one small [K, V] update per token; the scan stays the faster forward alone (2.7x at
+# 4k: 76 against 202 ms), where the chunk form's per-channel in-chunk scores (an ``exp`` per
+# pair and channel within 8-step sub-chunks) dominate; pass ``form="recurrent"`` for
+# inference-only calls on CPU. Earlier, with XLA's multi-threaded Eigen on an idle machine and
+# 64-token chunks, the scan's forward+backward was the faster (KDA at 4k 352 against 417 ms).
+# On GPU and TPU the chunk form's matmuls are the fast path.
+DEFAULT_FORMS: dict[str, str] = {}
 
 
 def resolve_form(form: str) -> str:
@@ -184,8 +181,9 @@ def dplr_attention(
       checked only for concrete values (see
       :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
-    form: ``"auto"`` (default: :func:`resolve_form`, the recurrent form on CPU, the chunk
-      form on GPU and TPU), ``"chunk"`` (linear in T), ``"recurrent"`` or ``"parallel"``.
+    form: ``"auto"`` (default: :func:`resolve_form`, the chunk form; on CPU the recurrent
+      form is the faster forward alone), ``"chunk"`` (linear in T), ``"recurrent"`` or
+      ``"parallel"``.
     chunk_size: tokens per chunk of the chunk form (``chunk_size * R``
       sub-steps; any ``T`` works, padded inside); None: :func:`resolve_chunk_size`, 32 on
       CPU (measured faster there) and 64 elsewhere.
