@@ -92,9 +92,10 @@ Array = jax.Array
 # measure, forward+backward. On CPU (experiments/bench_delta_forms.py,
 # results/bench_delta_forms_cpu.json: B=1, H=4, K=V=64, float32, one XLA thread, process CPU
 # time on a loaded 2-core machine, 32-token chunks) the chunk form's forward+backward beat the
-# token-by-token scan 2.5x for KDA at 1k and 2.6x at 4k (943 against 2434 ms), whose backward
-# replays one small [K, V] update per token; the scan stays the faster forward alone (2.7x at
-# 4k: 76 against 202 ms), where the chunk form's per-channel in-chunk scores (an ``exp`` per
+# token-by-token scan 2.5-2.6x for KDA and RWKV-7 at 1k, 4k and 16k (KDA at 4k: 943 against
+# 2434 ms) and 1.5-1.6x for DeltaProduct (R = 2); the scan's backward replays one small
+# [K, V] update per token. The scan stays the faster forward alone (2-5x; KDA at 4k: 76
+# against 202 ms), where the chunk form's per-channel in-chunk scores (an ``exp`` per
 # pair and channel within 8-step sub-chunks) dominate; pass ``form="recurrent"`` for
 # inference-only calls on CPU. Earlier, with XLA's multi-threaded Eigen on an idle machine and
 # 64-token chunks, the scan's forward+backward was the faster (KDA at 4k 352 against 417 ms).
