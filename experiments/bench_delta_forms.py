@@ -7,13 +7,16 @@ and forward+backward, and the default ``form`` never the slower one. For Gated D
 the inputs and shapes of ``experiments/bench/cases.py`` (B=1, H=4, K=V=64, float32), so
 every ratio compares calls made under the same machine load; the machine's float32
 2048^2 matmul rate is measured in the same run. ``default`` is the op called without
-``form`` (what a model gets).
+``form`` (what a model gets); the chunk form runs at each op's default ``chunk_size`` unless
+``--chunk`` is given. Each call's wall time and process CPU time (``time.process_time``) are
+recorded; the table printed at the end is in CPU time, the fair measure of a one-thread
+process on a shared machine (wall time there includes waiting for a core).
 
   python experiments/bench_delta_forms.py                       # T = 1k, 4k, 16k
   python experiments/bench_delta_forms.py --seq_lens 1024 --variants kda --chunk 32
-  # one core (XLA_FLAGS and the thread count are recorded in the JSON):
+  # one core (XLA_FLAGS are recorded in the JSON):
   XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
-      python experiments/bench_delta_forms.py --out results/bench_delta_forms_cpu_1core.json
+      python experiments/bench_delta_forms.py
 """
 
 from __future__ import annotations
@@ -43,13 +46,18 @@ VARIANTS = ("gated_deltanet", "kda", "rwkv7", "gated_deltaproduct")
 FORMS = ("chunk", "recurrent", "default")  # "default": the op called without form
 
 
-def _case(variant: str, form: str):
-  """The bench case of ``variant`` in ``form``; ``default`` drops the ``form`` argument."""
+def _case(variant: str, form: str, own_chunk: bool):
+  """The bench case of ``variant`` in ``form``; ``default`` drops the ``form`` and
+  ``chunk_size`` arguments, ``own_chunk`` the ``chunk_size`` (the op's default length)."""
   case = CASES[f"{variant}_{'chunk' if form == 'default' else form}"]
-  if form == "default":
-    case = dataclasses.replace(case, kwargs={k: v for k, v in case.kwargs.items()
-                                             if k not in ("form", "chunk_size")})
-  return case
+  drop = ("form", "chunk_size") if form == "default" else ("chunk_size",) if own_chunk else ()
+  return dataclasses.replace(case, kwargs={k: v for k, v in case.kwargs.items() if k not in drop})
+
+
+def default_chunk(variant: str) -> int:
+  """The ``chunk_size`` the op of ``variant`` uses when called without it on this backend."""
+  default = inspect.signature(getattr(ops, CASES[f"{variant}_chunk"].op)).parameters
+  return dplr.resolve_chunk_size(default["chunk_size"].default)
 
 
 def default_form(variant: str) -> str:
@@ -58,25 +66,27 @@ def default_form(variant: str) -> str:
   return dplr.resolve_form(default.default)
 
 
-def time_forms(variant: str, forms, t: int, dims: Dims, repeats: int) -> dict:
-  """``{form: (best fwd s, best fwd+bwd s)}``, compiled ahead of time.
+def time_forms(variant: str, forms, t: int, dims: Dims, repeats: int, own_chunk: bool) -> dict:
+  """``{form: [best fwd s, best fwd+bwd s, best fwd CPU s, best fwd+bwd CPU s]}``, compiled
+  ahead of time; CPU seconds are the process's (``time.process_time``, all threads).
 
   The calls are interleaved (each round times every form once, after one warm-up round), so
   on a shared machine a burst of load hits all forms alike rather than one.
   """
   fns = {}
   for form in forms:
-    fn, args, argnums = _case(variant, form).build(t, dims, jax.random.PRNGKey(t))
+    fn, args, argnums = _case(variant, form, own_chunk).build(t, dims, jax.random.PRNGKey(t))
     args = jax.block_until_ready(args)
     fns[form] = (args, jax.jit(fn).lower(*args).compile(),
                  jax.jit(grad_fn(fn, argnums)).lower(*args).compile())
-  best = {form: [float("inf")] * 2 for form in forms}
+  best = {form: [float("inf")] * 4 for form in forms}
   for round_ in range(repeats + 1):
     for form, (args, *compiled) in fns.items():
       for i, f in enumerate(compiled):
-        s = time_calls(f, *args, repeats=1, warmup=False)[0]
+        wall, cpu = time_calls(f, *args, repeats=1, warmup=False)
         if round_:  # the first round warms up
-          best[form][i] = min(best[form][i], s)
+          best[form][i] = min(best[form][i], wall)
+          best[form][i + 2] = min(best[form][i + 2], cpu)
   return best
 
 
@@ -87,25 +97,30 @@ def main(argv=None):
   p.add_argument("--forms", default="chunk,recurrent",
                  help=f"of {FORMS}; the default form's times are also read off the form it "
                  "resolves to (default_form in the JSON)")
-  p.add_argument("--chunk", type=int, default=Dims().chunk, help="chunk_size of the chunk form")
+  p.add_argument("--chunk", type=int, default=None,
+                 help="chunk_size of the chunk form (default: each op's own default)")
   p.add_argument("--repeats", type=int, default=3, help="timed calls per case (best kept)")
   p.add_argument("--out", default="results/bench_delta_forms_cpu.json")
   a = p.parse_args(argv)
   lens = [int(x) for x in a.seq_lens.split(",")]
   forms = a.forms.split(",")
-  dims = Dims(chunk=a.chunk)
+  dims = Dims() if a.chunk is None else Dims(chunk=a.chunk)
 
   mm = matmul_gflops()
   rows = []
   for variant in a.variants.split(","):
     for t in lens:
-      row = dict(variant=variant, T=t)
-      for form, (f, fb) in time_forms(variant, forms, t, dims,
-                                      a.repeats if t < 16384 else 1).items():
+      row = dict(variant=variant, T=t,
+                 chunk_size=default_chunk(variant) if a.chunk is None else a.chunk)
+      for form, (f, fb, fc, fbc) in time_forms(variant, forms, t, dims,
+                                               a.repeats if t < 16384 else 1,
+                                               a.chunk is None).items():
         row[f"{form}_fwd_s"], row[f"{form}_fwdbwd_s"] = f, fb
-        print(f"{variant} T={t} {form}: fwd {f*1e3:.1f} ms, fwd+bwd {fb*1e3:.1f} ms", flush=True)
+        row[f"{form}_fwd_cpu_s"], row[f"{form}_fwdbwd_cpu_s"] = fc, fbc
+        print(f"{variant} T={t} {form}: fwd {f*1e3:.1f} ms (CPU {fc*1e3:.1f}), fwd+bwd "
+              f"{fb*1e3:.1f} ms (CPU {fbc*1e3:.1f})", flush=True)
       row["default_form"] = default_form(variant)
-      for part in ("fwd", "fwdbwd"):
+      for part in ("fwd", "fwdbwd", "fwd_cpu", "fwdbwd_cpu"):
         if f"{row['default_form']}_{part}_s" in row and "default" not in forms:
           row[f"default_{part}_s"] = row[f"{row['default_form']}_{part}_s"]
         if "chunk" in forms and "recurrent" in forms:
@@ -117,19 +132,21 @@ def main(argv=None):
              backend=jax.default_backend(), jax=jax.__version__, matmul_gflops=mm,
              xla_flags=os.environ.get("XLA_FLAGS", ""),
              omp_num_threads=os.environ.get("OMP_NUM_THREADS", ""),
-             B=dims.B, H=dims.H, D=dims.D, chunk=dims.chunk, dtype="float32",
+             B=dims.B, H=dims.H, D=dims.D, chunk=a.chunk or "each op's default", dtype="float32",
              repeats=a.repeats, rows=rows, time=time.strftime("%Y-%m-%d %H:%M:%S"))
   write_json(a.out, out)
   print(f"\nmatmul {mm:.1f} GFLOP/s (2048^2 float32, same run); B={dims.B} H={dims.H} "
-        f"D={dims.D} chunk={dims.chunk}; XLA_FLAGS={out['xla_flags']!r}")
-  print(f"{'variant':20s} {'T':>6s} | {'fwd chunk':>9s} {'rec':>8s} {'rec/ch':>6s} | "
-        f"{'f+b chunk':>9s} {'rec':>8s} {'rec/ch':>6s} | default form  (ms)")
+        f"D={dims.D} chunk={out['chunk']}; XLA_FLAGS={out['xla_flags']!r}")
+  # Process CPU seconds: under load, the fair measure of a one-thread process.
+  print(f"{'variant':20s} {'T':>6s} {'C':>3s} | {'fwd chunk':>9s} {'rec':>8s} {'rec/ch':>6s} | "
+        f"{'f+b chunk':>9s} {'rec':>8s} {'rec/ch':>6s} | default form  (CPU ms)")
+  nan = float("nan")
   for r in rows:
-    g = lambda k: r.get(k, float("nan")) * 1e3
-    print(f"{r['variant']:20s} {r['T']:6d} | {g('chunk_fwd_s'):9.1f} {g('recurrent_fwd_s'):8.1f} "
-          f"{r.get('fwd_recurrent_over_chunk', float('nan')):6.2f} | {g('chunk_fwdbwd_s'):9.1f} "
-          f"{g('recurrent_fwdbwd_s'):8.1f} {r.get('fwdbwd_recurrent_over_chunk', float('nan')):6.2f}"
-          f" | {r['default_form']}")
+    g = lambda k: r.get(k, nan) * 1e3
+    print(f"{r['variant']:20s} {r['T']:6d} {r['chunk_size']:3d} | {g('chunk_fwd_cpu_s'):9.1f} "
+          f"{g('recurrent_fwd_cpu_s'):8.1f} {r.get('fwd_cpu_recurrent_over_chunk', nan):6.2f} | "
+          f"{g('chunk_fwdbwd_cpu_s'):9.1f} {g('recurrent_fwdbwd_cpu_s'):8.1f} "
+          f"{r.get('fwdbwd_cpu_recurrent_over_chunk', nan):6.2f} | {r['default_form']}")
   print(f"wrote {a.out}")
 
 

@@ -43,7 +43,7 @@ from linear_attention.ops.context import SeqContext
 Array = jax.Array
 
 # Chunks per block of the chunk form's outer scan (see _chunk).
-_BLOCK_CHUNKS = 16
+_BLOCK_CHUNKS = common.block_chunks("decay")
 
 
 def _check_inputs(q, k, v, log_decay, form, chunk_size, initial_state, segment_ids):
@@ -211,16 +211,11 @@ def _recurrent(qh, kh, vh, g, s0, seg):
   return jnp.moveaxis(o, 0, 2), state
 
 
-def _same_segment(seg_q, seg_k):
-  """``[..., Tq, Tk]`` bool: query and key in one segment (``seg`` is monotone)."""
-  return seg_q[..., :, None] == seg_k[..., None, :]
-
-
 def _parallel(qh, kh, vh, g, s0, seg):
   """Masked ``T x T`` form; inputs ``[B, H, T, *]``."""
   t = qh.shape[2]
-  causal = jnp.tril(jnp.ones((t, t), bool))
-  mask = causal if seg is None else causal & _same_segment(seg, seg)[:, None]
+  seg3 = None if seg is None else seg[:, None]  # [B, 1, T]
+  mask = common.pair_masks(seg3, seg3, t)[0]
   if g is None:
     scores = jnp.einsum("bhik,bhjk->bhij", qh, kh)
   else:
@@ -420,20 +415,12 @@ def _chunk_local(qh, kh, vh, g, seg, c):
   the factor ``a`` (``[B,H,N,1,1]`` or ``[B,H,N,K,1]``) by which a chunk decays the state it
   receives.
   """
-  b = qh.shape[0]
   qc, kc, vc = _chunks(qh, c), _chunks(kh, c), _chunks(vh, c)
-  n = qc.shape[2]
-  causal = jnp.tril(jnp.ones((c, c), bool))
   if seg is not None:
-    seg, seg_prev = seg
-    segp = common.pad_segment_ids(seg, c).reshape(b, 1, n, c)
-    prev_end = jnp.concatenate([seg_prev[:, None, None], segp[:, :, :-1, -1]], axis=2)
-    mask = causal & _same_segment(segp, segp)
-    sees_state = (segp == prev_end[..., None])[..., None]  # [B,1,N,C,1]
-    to_end = (segp == segp[..., -1:])[..., None]
-    carries = (segp[..., -1] == prev_end)  # [B,1,N]
+    segp, sees_state, to_end, carries = common.chunk_segments(seg[0], c, seg[1])
   else:
-    mask, sees_state, to_end, carries = causal, 1.0, 1.0, None
+    segp, sees_state, to_end, carries = None, 1.0, 1.0, None
+  mask = common.pair_masks(segp, segp, c)[0]
 
   if g is None:
     scores = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc)

@@ -265,44 +265,11 @@ def _recurrent(qh, kh, vh, bh, g, s0, seg):
 def _parallel(qh, kh, vh, bh, g, s0, seg):
   """The ``T x T`` form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``.
 
-  The pseudo-values are ``D = (I + L)^{-1} (diag(beta) V - diag(beta e^G) K S_0)``
-  and the outputs ``O = A D + (Q e^G) S_0``, so the whole sequence is one
-  causal attention matrix ``P = A (I + L)^{-1} diag(beta)`` applied to ``V``,
-  plus a correction for the initial state.
+  The chunk form's algebra (:func:`~linear_attention.common.delta_chunk_terms`) with one
+  chunk of length ``T``: pseudo-values ``D = (I + L)^{-1} (diag(beta) V - diag(beta e^G) K
+  S_0)``, outputs ``O = A D + (Q e^G) S_0``, one causal ``T x T`` attention matrix.
   """
-  t = qh.shape[2]
-  seg4 = None if seg is None else seg[:, None]  # [B, 1, T]
-  incl, strict = common.pair_masks(seg4, seg4, t)
-  gc = None if g is None else jnp.cumsum(g, axis=2)
-  decay = common.pair_decay(gc, incl)
-  kk = jnp.einsum("bhik,bhjk->bhij", kh, kh)
-  qk = jnp.einsum("bhik,bhjk->bhij", qh, kh)
-  if decay is not None:
-    kk, qk = kk * decay, qk * decay
-  l = jnp.where(strict, bh[..., :, None] * kk, 0.0)
-  a = jnp.where(incl, qk, 0.0)
-  inv = common.unit_lower_inverse_rows(l)  # (I + L)^{-1}, lower triangular
-  p = jnp.einsum("bhij,bhjl->bhil", a, inv) * bh[..., None, :]
-  o = jnp.einsum("bhil,bhlv->bhiv", p, vh)
-
-  # The final state: every pseudo-value decayed to the end, last segment only.
-  to_end = 1.0 if gc is None else jnp.exp(gc[..., -1:] - gc)[..., None]
-  if seg is not None:
-    to_end = to_end * (seg == seg[:, -1:])[:, None, :, None]
-  k_end = kh * to_end  # [B, H, T, K]
-  state = jnp.einsum("bhjk,bhjl,bhlv->bhkv", k_end, inv, bh[..., None] * vh)
-  if s0 is not None:
-    first = 1.0 if seg is None else (seg == 0)[:, None, :, None]
-    gamma = 1.0 if gc is None else jnp.exp(gc)[..., None]
-    k_in = kh * (bh[..., None] * gamma * first)  # tokens that see S_0, as keys
-    q_in = qh * gamma * first
-    w = jnp.einsum("bhil,bhlk->bhik", inv, k_in)  # D = U - W S_0
-    o = o + jnp.einsum("bhik,bhkv->bhiv", q_in - jnp.einsum("bhij,bhjk->bhik", a, w), s0)
-    total = 1.0 if gc is None else jnp.exp(gc[..., -1])[..., None, None]
-    carry = 1.0 if seg is None else (seg[:, -1] == 0)[:, None, None, None]
-    state = (state + s0 * total * carry
-             - jnp.einsum("bhjk,bhjl,bhlv->bhkv", k_end, w, s0))
-  return o, state
+  return _chunk(qh, kh, vh, bh, g, s0, seg, qh.shape[2])
 
 
 def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):

@@ -32,8 +32,9 @@ Forms (all agree; the tests prove it):
   with dense pairwise per-channel decays ``[T', T', K]`` and the inverse by
   forward substitution; quadratic, for short inputs.
 * ``chunk``: WY / UT-transform chunks, linear in T.
-* ``auto`` (default): :data:`DEFAULT_FORMS` by backend, ``recurrent`` on CPU and
-  ``chunk`` on GPU and TPU; see :func:`resolve_form`.
+* ``auto`` (default): :data:`DEFAULT_FORMS` by backend, ``chunk`` on every backend
+  (on CPU the faster forward+backward; the recurrent form is the faster forward alone
+  there); see :func:`resolve_form`.
 
 The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
 the in-chunk inclusive cumulative log decay at sub-step ``i`` (a ``[K]``
@@ -87,22 +88,19 @@ Array = jax.Array
 
 # ------------------------------------------------------------------ the engine
 
-# The form ``form="auto"`` picks per backend. On CPU, by measurement
-# (experiments/bench_delta_forms.py, results/bench_delta_forms_cpu.json: B=1, H=4,
-# K=V=64, XLA's default threads, a loaded 2-core machine), the token-by-token scan beat the
-# chunk form at T = 1k, 4k and 16k, forward and forward+backward: KDA's chunk form took
-# 2.6-3.2x the recurrent form's time forward and 2.1-2.8x fwd+bwd, RWKV-7's 2.3-4x and
-# 2.3-5.7x. Each token's update is a few passes over a [K, V] state that stays in cache,
-# while the chunk form's per-channel in-chunk scores (four of them) cost an ``exp`` per
-# (pair, channel) in small batched ops. One caveat, measured in CPU time: with XLA's
-# single-threaded Eigen (``--xla_cpu_multi_thread_eigen=false``) the recurrent form's
-# backward slows 3-4x and the chunk form wins fwd+bwd (RWKV-7 at 4k: 0.61 s against 1.72
-# s); pass ``form="chunk"`` there. On GPU and TPU the chunk form's matmuls are the fast path.
-# Rerun after the in-chunk scores shared their decay factors (a KDA fwd+bwd process at
-# 4k, compile included: 0.77x the CPU time of before) on a machine loaded ~10x over its cores
-# (results/bench_delta_forms_cpu_loaded.json, matmul 15.5 GFLOP/s): the chunk form was still
-# the slower, fwd+bwd 0.19-0.23x the recurrent form's speed for KDA and 0.27-0.62x for RWKV-7.
-DEFAULT_FORMS = {"cpu": "recurrent"}
+# The form ``form="auto"`` picks per backend: the chunk form everywhere, by the training
+# measure, forward+backward. On CPU (experiments/bench_delta_forms.py,
+# results/bench_delta_forms_cpu.json: B=1, H=4, K=V=64, float32, one XLA thread, process CPU
+# time on a loaded 2-core machine, 32-token chunks) the chunk form's forward+backward beat the
+# token-by-token scan 2.5-2.6x for KDA and RWKV-7 at 1k, 4k and 16k (KDA at 4k: 943 against
+# 2434 ms) and 1.5-1.6x for DeltaProduct (R = 2); the scan's backward replays one small
+# [K, V] update per token. The scan stays the faster forward alone (2-5x; KDA at 4k: 76
+# against 202 ms), where the chunk form's per-channel in-chunk scores (an ``exp`` per
+# pair and channel within 8-step sub-chunks) dominate; pass ``form="recurrent"`` for
+# inference-only calls on CPU. Earlier, with XLA's multi-threaded Eigen on an idle machine and
+# 64-token chunks, the scan's forward+backward was the faster (KDA at 4k 352 against 417 ms).
+# On GPU and TPU the chunk form's matmuls are the fast path.
+DEFAULT_FORMS: dict[str, str] = {}
 
 
 def resolve_form(form: str) -> str:
@@ -117,6 +115,23 @@ def resolve_form(form: str) -> str:
   """
   common.check_choice("form", form, common.FORMS + ("auto",))
   return DEFAULT_FORMS.get(jax.default_backend(), "chunk") if form == "auto" else form
+
+
+# The chunk length ``chunk_size=None`` gives per backend. On CPU, by measurement (KDA, B=1,
+# H=4, K=V=64, T=4096, float32, one XLA thread, process CPU time on a loaded machine), 32
+# tokens per chunk against 64: forward 190 against 249 ms and forward+backward 929 against
+# 1332 ms; with XLA's multi-threaded Eigen off only, 184 / 298 ms and 665 / 820 ms. The
+# per-channel in-chunk scores cost about ``C (C / s + s)`` exps per channel and chunk of
+# ``C`` steps (sub-chunks of ``s``), so per token they grow with ``C`` while the state pass
+# shrinks; 16 was hardly faster (169 ms forward) and its gradient segfaulted in XLA's CPU
+# backend under ``XLA_FLAGS=intra_op_parallelism_threads=1``. Elsewhere 64, as the kernels tile.
+DEFAULT_CHUNK_SIZES = {"cpu": 32}
+
+
+def resolve_chunk_size(chunk_size: int | None) -> int:
+  """``chunk_size``, or for None this backend's default:
+  ``DEFAULT_CHUNK_SIZES.get(jax.default_backend(), 64)``."""
+  return DEFAULT_CHUNK_SIZES.get(jax.default_backend(), 64) if chunk_size is None else chunk_size
 
 
 def _check_like(name: str, x, expected, what: str) -> None:
@@ -143,7 +158,7 @@ def dplr_attention(
     *,
     scale: float | None = None,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -167,10 +182,12 @@ def dplr_attention(
       checked only for concrete values (see
       :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
-    form: ``"auto"`` (default: :func:`resolve_form`, the recurrent form on CPU, the chunk
-      form on GPU and TPU), ``"chunk"`` (linear in T), ``"recurrent"`` or ``"parallel"``.
+    form: ``"auto"`` (default: :func:`resolve_form`, the chunk form; on CPU the recurrent
+      form is the faster forward alone), ``"chunk"`` (linear in T), ``"recurrent"`` or
+      ``"parallel"``.
     chunk_size: tokens per chunk of the chunk form (``chunk_size * R``
-      sub-steps; any ``T`` works, padded inside).
+      sub-steps; any ``T`` works, padded inside); None: :func:`resolve_chunk_size`, 32 on
+      CPU (measured faster there) and 64 elsewhere.
     initial_state: optional ``[B, H, K, V]`` state before the first token.
     return_state: also return the final state.
     segment_ids: optional ``[B, T]`` ints packing several sequences per row; no
@@ -196,6 +213,7 @@ def dplr_attention(
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with
     ``state`` ``[B, H, K, V]`` in float32 (float64 for float64 inputs).
   """
+  chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
@@ -360,10 +378,8 @@ def _parallel(qh, kh, vh, ah, bh, gh, seg, s0):
   return o, state
 
 
-# Chunks per block of the chunk form's outer scan (see _chunk). Larger than the decay
-# engine's 16: on a CPU (B=1, H=4, K=V=64, chunk 64, T=4096) the backward through the
-# outer scan took about 0.25 s of CPU time more with 16 than with one block of 64.
-_BLOCK_CHUNKS = 64
+# Chunks per block of the chunk form's outer scan (see _chunk and common.BLOCK_CHUNKS).
+_BLOCK_CHUNKS = common.block_chunks("dplr")
 
 
 def _chunk(qh, kh, vh, ah, bh, gh, seg, s0, c, block_chunks=_BLOCK_CHUNKS):
@@ -536,7 +552,7 @@ def rwkv7(
     *,
     scale: float | None = 1.0,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -577,6 +593,7 @@ def rwkv7(
   """
   bsz, t, h, dk, dv = common.check_qkv(r, k, v, names=("r", "k", "v"))
   _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, t, h))
+  chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, r, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
@@ -635,7 +652,7 @@ def kda(
     *,
     scale: float | None = None,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -666,6 +683,7 @@ def kda(
   bsz, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_beta(beta, (bsz, t, h), "[B, T, H]")
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
+  chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
@@ -743,7 +761,7 @@ def gated_deltaproduct(
     *,
     scale: float | None = None,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -777,6 +795,7 @@ def gated_deltaproduct(
   bsz, t, h, dk = q.shape
   common.check_seq_len(t, "axis 1 of q")
   _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
+  chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
   form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,

@@ -298,11 +298,12 @@ def test_bad_inputs_name_the_argument():
 
 
 def test_default_form_by_backend(monkeypatch):
-  """``form="auto"`` (the default) is the recurrent form on CPU, the chunk form elsewhere;
-  every variant's default call is that form's call, and a bad form names the argument."""
+  """``form="auto"`` (the default) is the chunk form on every backend (on CPU by the measured
+  forward+backward); every variant's default call is that form's call, and a bad form names
+  the argument."""
   from linear_attention.ops import dplr
   assert dplr.resolve_form("auto") == dplr.DEFAULT_FORMS.get(jax.default_backend(), "chunk")
-  for backend, want in (("cpu", "recurrent"), ("gpu", "chunk"), ("tpu", "chunk")):
+  for backend, want in (("cpu", "chunk"), ("gpu", "chunk"), ("tpu", "chunk")):
     monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
     assert dplr.resolve_form("auto") == want, backend
     assert dplr.resolve_form("parallel") == "parallel"
@@ -325,6 +326,25 @@ def test_default_form_by_backend(monkeypatch):
   ]
   for i, call in enumerate(calls):
     helpers.assert_tree_close(call(), call(form=form), rtol=0, atol=0, err_msg=f"call {i}")
+
+
+def test_default_chunk_size_by_backend(monkeypatch):
+  """``chunk_size=None`` (the default) is 32 tokens on CPU and 64 elsewhere; a default call
+  is the call with that size, bit for bit."""
+  from linear_attention.ops import dplr
+  for backend, want in (("cpu", 32), ("gpu", 64), ("tpu", 64)):
+    monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+    assert dplr.resolve_chunk_size(None) == want, backend
+    assert dplr.resolve_chunk_size(12) == 12
+  monkeypatch.undo()
+  t = 70  # three chunks of 32 on CPU, the last one short
+  q, k, v, beta, g, s0, seg = _delta_inputs(12, t)
+  log_alpha = jnp.broadcast_to(g[..., None], g.shape + (K,))
+  kw = dict(initial_state=s0, return_state=True, segment_ids=seg, form="chunk")
+  size = dplr.resolve_chunk_size(None)
+  helpers.assert_tree_close(ops.kda(q, k, v[..., :K], beta, log_alpha, **kw),
+                            ops.kda(q, k, v[..., :K], beta, log_alpha, chunk_size=size, **kw),
+                            rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("c", [16, 12, 7])
