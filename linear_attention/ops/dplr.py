@@ -88,19 +88,21 @@ Array = jax.Array
 
 # ------------------------------------------------------------------ the engine
 
-# The form ``form="auto"`` picks per backend: the chunk form everywhere, by the training
-# measure, forward+backward. On CPU (experiments/bench_delta_forms.py,
-# results/bench_delta_forms_cpu.json: B=1, H=4, K=V=64, float32, one XLA thread, process CPU
-# time on a loaded 2-core machine, 32-token chunks) the chunk form's forward+backward beat the
-# token-by-token scan 2.5-2.6x for KDA and RWKV-7 at 1k, 4k and 16k (KDA at 4k: 943 against
-# 2434 ms) and 1.5-1.6x for DeltaProduct (R = 2); the scan's backward replays one small
-# [K, V] update per token. The scan stays the faster forward alone (2-5x; KDA at 4k: 76
-# against 202 ms), where the chunk form's per-channel in-chunk scores (an ``exp`` per
-# pair and channel within 8-step sub-chunks) dominate; pass ``form="recurrent"`` for
-# inference-only calls on CPU. Earlier, with XLA's multi-threaded Eigen on an idle machine and
-# 64-token chunks, the scan's forward+backward was the faster (KDA at 4k 352 against 417 ms).
-# On GPU and TPU the chunk form's matmuls are the fast path.
-DEFAULT_FORMS: dict[str, str] = {}
+# The form ``form="auto"`` picks per backend, by measurement (experiments/bench_delta_forms.py;
+# B=1, H=4, K=V=64, float32, 32-token chunks on CPU). On CPU it depends on XLA's threading:
+# * XLA's default threads on an idle 2-core machine (results/bench_delta_forms_cpu.json, what
+#   a user gets): the token-by-token scan is 2-5x faster forward and about as fast or faster
+#   forward+backward (wall, KDA 4k 404 against 447 ms, 16k 1701 against 1736; RWKV-7 4k 317
+#   against 420, 16k 1951 against 1759: the chunk form wins only there);
+# * one intra-op thread (``intra_op_parallelism_threads=1``, as the studies run;
+#   results/bench_delta_forms_cpu_1thread.json): the scan's backward is 4-5x slower than with
+#   threads and the chunk form's forward+backward wins 2.5x for KDA and RWKV-7 (idle, KDA 4k:
+#   569 against 2093 ms wall), while the scan stays the faster forward.
+# So CPU keeps the scan (pass ``form="chunk"`` to train under one thread); the chunk form's
+# forward is dominated by the per-channel in-chunk scores (``common.intra_scores``, an ``exp``
+# per pair and channel in 8-step sub-chunks). On GPU and TPU the chunk form's matmuls are the
+# fast path.
+DEFAULT_FORMS: dict[str, str] = {"cpu": "recurrent"}
 
 
 def resolve_form(form: str) -> str:

@@ -298,12 +298,12 @@ def test_bad_inputs_name_the_argument():
 
 
 def test_default_form_by_backend(monkeypatch):
-  """``form="auto"`` (the default) is the chunk form on every backend (on CPU by the measured
-  forward+backward); every variant's default call is that form's call, and a bad form names
-  the argument."""
+  """``form="auto"`` (the default) is the recurrent form on CPU (by the measured forward and
+  forward+backward under XLA's default threads) and the chunk form on GPU and TPU; every
+  variant's default call is that form's call, and a bad form names the argument."""
   from linear_attention.ops import dplr
   assert dplr.resolve_form("auto") == dplr.DEFAULT_FORMS.get(jax.default_backend(), "chunk")
-  for backend, want in (("cpu", "chunk"), ("gpu", "chunk"), ("tpu", "chunk")):
+  for backend, want in (("cpu", "recurrent"), ("gpu", "chunk"), ("tpu", "chunk")):
     monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
     assert dplr.resolve_form("auto") == want, backend
     assert dplr.resolve_form("parallel") == "parallel"
