@@ -43,6 +43,7 @@ and 3 LM runs), cost about 25 minutes, approximation about 10. The committed MQA
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -50,10 +51,13 @@ import subprocess
 import sys
 import time
 
+from linear_attention.sweep import STATUS_FILE  # no JAX: --help and --collect's check stay fast
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
 NOTEBOOKS = os.path.join(REPO_ROOT, "notebooks")
-LOGS = os.path.join(REPO_ROOT, "runs", "studies", "logs")
+RUNS = os.path.join(REPO_ROOT, "runs", "studies")  # the training studies' runs (their --runs)
+LOGS = os.path.join(RUNS, "logs")
 
 # study -> its full-size command (arguments after the interpreter); each also takes --out and,
 # with --smoke, --smoke. Keep in step with results/studies/README.md.
@@ -81,6 +85,31 @@ def collects(study: str) -> bool:
   script that only parses the shared flag would train instead."""
   with open(os.path.join(REPO_ROOT, STUDIES[study][0])) as f:
     return "collect_only=args.collect" in f.read()
+
+
+def study_runs(study: str, smoke: bool) -> str:
+  """Where ``study`` keeps its training runs: its default ``--runs``
+  (``_study_utils.runs_dir``), ``runs/studies/<study>[-smoke]``."""
+  return os.path.join(RUNS, study + ("-smoke" if smoke else ""))
+
+
+def _rel(path: str) -> str:
+  return os.path.relpath(path, REPO_ROOT)
+
+
+def finished_runs(root: str) -> int:
+  """The training runs under ``root`` that finished (``sweep_status.json`` says ``done``), at
+  any depth: synthetic and hybrid keep one sweep per task."""
+  n = 0
+  for path, dirs, files in os.walk(root):
+    if STATUS_FILE in files:
+      dirs[:] = []  # a run's own folders (checkpoints, ...) hold no other run
+      try:
+        with open(os.path.join(path, STATUS_FILE)) as f:
+          n += json.load(f).get("status") == "done"
+      except (OSError, ValueError, AttributeError):  # unreadable: not a finished run
+        pass
+  return n
 
 
 def study_command(study: str, results: str, smoke: bool, collect: bool = False) -> list[str]:
@@ -126,7 +155,7 @@ def run_study(study: str, results: str, smoke: bool, dry_run: bool,
       for sig, handler in old.items():
         signal.signal(sig, handler)
   dt = time.time() - t0
-  print(f"[{study}] exit {rc} after {dt / 60:.1f} min (log: {os.path.relpath(log_path, REPO_ROOT)})",
+  print(f"[{study}] exit {rc} after {dt / 60:.1f} min (log: {_rel(log_path)})",
         flush=True)
   return rc, dt
 
@@ -172,9 +201,10 @@ def main(argv=None) -> int:
                  help="tiny sizes (into runs/smoke/studies unless --results names another "
                       "folder outside results/studies)")
   p.add_argument("--collect", action="store_true",
-                 help="train nothing: the studies whose script takes it write the runs "
-                      "finished so far (partial results, said so in the claims); the others "
-                      "are left as they are")
+                 help="train nothing: the studies whose script takes it and that have a "
+                      "finished run under runs/studies/ write the runs finished so far "
+                      "(partial results, said so in the claims); the others are left as they "
+                      "are. Exit 1 when no study has a finished run")
   p.add_argument("--timeout", type=int, default=600, help="seconds per notebook cell")
   p.add_argument("--dry-run", action="store_true", help="print the study commands, run nothing")
   a = p.parse_args(argv)
@@ -198,6 +228,23 @@ def main(argv=None) -> int:
     if skipped:
       print(f"--collect: leaving {', '.join(skipped)} as they are (no --collect in their "
             "script)")
+    # A study with no finished run would replace its results with an empty table.
+    empty = [s for s in studies if not finished_runs(study_runs(s, a.smoke))]
+    studies = [s for s in studies if s not in empty]
+    if empty and studies:
+      print(f"--collect: leaving {', '.join(empty)} as they are (no finished run under "
+            f"{', '.join(_rel(study_runs(s, a.smoke)) for s in empty)})")
+    if not studies:
+      if empty:
+        print(f"error: --collect found no finished training run (looked in "
+              f"{', '.join(_rel(study_runs(s, a.smoke)) for s in empty)}); nothing was "
+              f"written. Train first: python experiments/run_studies.py"
+              f"{' --only ' + a.only if a.only else ''}{' --smoke' if a.smoke else ''} (a "
+              "stopped run resumes; --collect then writes what finished).", file=sys.stderr)
+      else:
+        print(f"error: --collect: none of {', '.join(skipped)} takes --collect (those that "
+              f"do: {', '.join(s for s in STUDIES if collects(s))}).", file=sys.stderr)
+      return 1
   if not a.notebooks_only:
     for s in studies:
       rc, _ = run_study(s, results, a.smoke, a.dry_run, a.collect)
@@ -224,7 +271,7 @@ def main(argv=None) -> int:
       t = time.time()
       err = execute_notebook(name, None if in_place else results, out_dir, a.timeout)
       print(f"[notebook {name}] {'ok' if err is None else err} ({time.time() - t:.0f}s) -> "
-            f"{os.path.relpath(os.path.join(out_dir, name + '.ipynb'), REPO_ROOT)}", flush=True)
+            f"{_rel(os.path.join(out_dir, name + '.ipynb'))}", flush=True)
       if err:
         failed.append(f"notebook {name}: {err}")
   print(f"done after {(time.time() - t0) / 60:.1f} min"

@@ -1,5 +1,11 @@
-"""linear_attention: linear and sub-quadratic attention in JAX."""
+"""linear_attention: linear and sub-quadratic attention in JAX.
 
+The subpackages load on first use (``linear_attention.ops.gla(...)`` after ``import
+linear_attention`` works as before), so a command line's ``--help`` or the sweep runner,
+which need no JAX, start in a fraction of a second.
+"""
+
+import importlib as _importlib
 import sys as _sys
 
 if _sys.argv[:1] == ["-m"]:  # `python -m linear_attention.<command>`, while it imports
@@ -19,8 +25,19 @@ if _sys.argv[:1] == ["-m"]:  # `python -m linear_attention.<command>`, while it 
 
 from linear_attention import _xla_workarounds  # noqa: E402
 
-_xla_workarounds.apply()
-
-from linear_attention import ops  # noqa: E402  (after the XLA flags)
+_xla_workarounds.apply()  # before anything imports JAX
 
 __version__ = "0.1.0"
+
+# Loaded by attribute access (PEP 562); ``from linear_attention import ops`` imports as usual.
+_SUBPACKAGES = ("common", "data", "io", "kernels", "models", "nn", "ops", "train")
+
+
+def __getattr__(name: str):
+  if name in _SUBPACKAGES:
+    return _importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_SUBPACKAGES))

@@ -14,6 +14,7 @@ started yet, the user has not set the flag, and
 from __future__ import annotations
 
 import os
+import sys
 
 FLAG = "--xla_cpu_experimental_ynn_fusion_type="
 
@@ -25,11 +26,12 @@ def apply() -> bool:
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_cpu_experimental_ynn_fusion_type" in flags:
     return False
-  try:
-    from jax._src import xla_bridge
-    if xla_bridge.backends_are_initialized():
+  if "jax" in sys.modules:  # else no backend can have started (and JAX need not load yet)
+    try:
+      from jax._src import xla_bridge
+      if xla_bridge.backends_are_initialized():
+        return False
+    except (ImportError, AttributeError):
       return False
-  except (ImportError, AttributeError):
-    return False
   os.environ["XLA_FLAGS"] = (flags + " " + FLAG).strip()
   return True

@@ -296,9 +296,13 @@ def main(argv) -> None:
     _fail(INTERRUPTED_MESSAGE[len("error: "):].strip(), errors.EXIT_INTERRUPTED)
 
 
+_SHORT_HELP = ("--help", "-h", "-?", "--helpshort")  # absl's help of this module's flags only
+
+
 def run() -> None:
-  import jax
-  jax.config.config_with_absl()  # JAX's own flags on this command line (--jax_platforms=cpu, ...)
+  if not any(a in _SHORT_HELP for a in sys.argv[1:]):  # --help needs no JAX (seconds to import)
+    import jax
+    jax.config.config_with_absl()  # JAX's own flags on this command line (--jax_platforms=cpu, ...)
   app.run(main, flags_parser=_parse_flags)
 
 

@@ -71,7 +71,6 @@ import threading
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from linear_attention.train import checkpoint as ckpt_lib
 from linear_attention.train import errors
 from linear_attention.train import metrics as metrics_lib
 from linear_attention.train import rundir
@@ -414,7 +413,7 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
             "skipped": False}
   os.makedirs(workdir, exist_ok=True)
   log_path = os.path.join(workdir, "log.txt" if process_id == 0 else f"log.p{process_id}.txt")
-  ckpt_before = ckpt_lib.newest_step_on_disk(workdir)
+  ckpt_before = rundir.newest_step_on_disk(workdir)
   t0 = time.time()
   with open(log_path, "ab") as log:
     log.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -450,7 +449,7 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
     rec.update(status="failed", error=(said[-1] if said else "\n".join(tail[-5:])),
                log_tail="\n".join(tail[-15:]))
     if _CHILDREN.stop_at is not None or returncode == errors.EXIT_PREEMPTED:
-      step = ckpt_lib.newest_step_on_disk(workdir)
+      step = rundir.newest_step_on_disk(workdir)
       saved = returncode == errors.EXIT_PREEMPTED and step is not None and step != ckpt_before
       rec.update(status="stopped", checkpoint_step=step, saved_on_stop=saved,
                  error=stop_note(returncode, step, saved, killed))

@@ -100,3 +100,16 @@ def load_experiment(name: str):
     sys.modules[key] = mod
     spec.loader.exec_module(mod)
   return sys.modules[key]
+
+
+def wait_for(predicate, proc, what: str, deadline_s: float) -> None:
+  """Polls ``predicate()`` until it holds; fails when ``proc`` (a ``subprocess.Popen``) ends
+  first or after ``deadline_s`` seconds, naming ``what`` was awaited (a test never hangs)."""
+  import time
+  deadline = time.monotonic() + deadline_s
+  while time.monotonic() < deadline:
+    if predicate():
+      return
+    assert proc.poll() is None, f"the process ended (rc {proc.returncode}) before {what}"
+    time.sleep(0.05)
+  raise AssertionError(f"timed out after {deadline_s:g} s waiting for {what}")

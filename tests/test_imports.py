@@ -6,8 +6,9 @@ and builds the graph of its imports of other package modules. Function-level
 hides a cycle, it does not remove it.
 ``from a.b import c`` points at module ``a.b.c`` when that is a module, else at
 ``a.b``. The implicit import of a parent package (``a.b`` runs ``a/__init__``)
-is not an edge: ``linear_attention/__init__`` imports ``ops`` first, so a
-parent package is always complete before its children are imported.
+is not an edge: ``linear_attention/__init__`` imports no subpackage (they
+load on first use), so a parent package is always complete before its children
+are imported.
 """
 
 from __future__ import annotations

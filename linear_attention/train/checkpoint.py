@@ -31,8 +31,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from linear_attention.train import errors
+# Read without JAX by the sweep runner, so they live in rundir; here for the trainer's callers.
+from linear_attention.train.rundir import CHECKPOINT_DIR, newest_step_on_disk  # noqa: F401
 
-CHECKPOINT_DIR = "checkpoints"
 UNREADABLE_DIR = "checkpoints_unreadable"
 
 
@@ -93,16 +94,6 @@ class _OrbaxErrorsToLog(logging.Filter):
         with open(self.path, "a") as f:
           f.write(logging.Formatter("%(asctime)s %(name)s: %(message)s").format(record) + "\n")
     return False
-
-
-def newest_step_on_disk(workdir: str) -> int | None:
-  """The newest finished checkpoint's step in ``workdir`` without opening a manager (which
-  would create the directory); None when there is none."""
-  try:
-    names = os.listdir(os.path.join(workdir, CHECKPOINT_DIR))
-  except OSError:
-    return None
-  return max((int(n) for n in names if n.isdigit()), default=None)
 
 
 def _wait_until_quiet(stream: io.StringIO, quiet_s: float = 0.2, limit_s: float = 3.0) -> None:

@@ -27,6 +27,7 @@ from linear_attention.train import metrics as metrics_lib
 CONFIG_FILE = "config.json"
 FINAL_METRICS_FILE = "final_metrics.json"
 LOCK_FILE = "run.lock"
+CHECKPOINT_DIR = "checkpoints"  # orbax's step folders, <workdir>/checkpoints/<step>
 ERROR_LOG = "error.log"
 RESOLVED_ERROR_LOG = "error.resolved.log"  # error.log of earlier attempts, once the run finished
 
@@ -56,6 +57,16 @@ def prepare_workdir(workdir: str) -> str:
   if not os.access(path, os.W_OK | os.X_OK):
     raise errors.ConfigError(f"workdir {path!r} is not writable.")
   return path
+
+
+def newest_step_on_disk(workdir: str) -> int | None:
+  """The newest finished checkpoint's step in ``workdir`` without opening a manager (which
+  would create the directory); None when there is none."""
+  try:
+    names = os.listdir(os.path.join(workdir, CHECKPOINT_DIR))
+  except OSError:
+    return None
+  return max((int(n) for n in names if n.isdigit()), default=None)
 
 
 # ----------------------------------------------------------------------------- lock

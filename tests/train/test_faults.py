@@ -14,13 +14,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from linear_attention import train
 from linear_attention.train import errors, rundir
+from tests.helpers import wait_for
 from tests.train.fake_data import FakeDataset, fake_config
 
 # A damaged checkpoint leaves orbax coroutines that fail after the restore has moved on;
@@ -217,16 +217,6 @@ def _main(workdir, *flags):
           f"--workdir={workdir}", *SMOKE, *flags]
 
 
-def _wait_for(predicate, proc, what, deadline_s=TIMEOUT):
-  deadline = time.time() + deadline_s
-  while time.time() < deadline:
-    if predicate():
-      return
-    assert proc.poll() is None, f"the process ended (rc {proc.returncode}) before {what}"
-    time.sleep(0.05)
-  raise AssertionError(f"timed out waiting for {what}")
-
-
 def _lock_holder(wd):
   try:
     return json.loads((wd / "run.lock").read_text())["pid"]
@@ -240,7 +230,8 @@ def test_second_trainer_on_a_workdir_refuses_at_once_naming_the_first(tmp_path):
   first = subprocess.Popen(_main(wd, *flags), cwd=ROOT, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
   try:
-    _wait_for(lambda: _lock_holder(wd) == first.pid, first, "the first run took the lock")
+    wait_for(lambda: _lock_holder(wd) == first.pid, first, "the first run took the lock",
+             TIMEOUT)
     config_before = (wd / "config.json").read_bytes() if (wd / "config.json").exists() else None
     second = subprocess.run(_main(wd, *flags), cwd=ROOT, capture_output=True, text=True,
                             timeout=TIMEOUT)
@@ -304,11 +295,12 @@ def test_stopping_a_sweep_stops_its_trainer(tmp_path):
   point = wd / "000-mixer=gla"
   child = None
   try:
-    _wait_for(lambda: _lock_holder(point) is not None, sweep, "the trainer started")
+    wait_for(lambda: _lock_holder(point) is not None, sweep, "the trainer started", TIMEOUT)
     child = _lock_holder(point)
     # Stopped once it trains (a SIGTERM during compilation ends it without a checkpoint).
     metrics = point / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, sweep, "the first step")
+    wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, sweep, "the first step",
+             TIMEOUT)
     sweep.send_signal(signal.SIGTERM)
     out, err = sweep.communicate(timeout=TIMEOUT)
     assert sweep.returncode == 3, err[-2000:]

@@ -23,6 +23,7 @@ import pytest
 
 from linear_attention import sweep
 from linear_attention.train import errors
+from tests.helpers import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEADLINE_S = 60  # for any one wait on a fake trainer
@@ -317,16 +318,6 @@ TINY = ["--config.train.steps=100000", "--config.train.checkpoint_every=100000",
         "--config.model.num_layers=1"]
 
 
-def _wait_for(predicate, proc, what):
-  deadline = time.monotonic() + TIMEOUT
-  while time.monotonic() < deadline:
-    if predicate():
-      return
-    assert proc.poll() is None, f"the process ended (rc {proc.returncode}) before {what}"
-    time.sleep(0.05)
-  raise AssertionError(f"timed out waiting for {what}")
-
-
 def _lines(path) -> list[str]:
   try:
     return path.read_text().splitlines()
@@ -348,7 +339,7 @@ def test_sigterm_to_a_sweep_saves_the_trainer_and_the_rerun_resumes_there(tmp_pa
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-      _wait_for(marker, proc, "the trainer trained")
+      wait_for(marker, proc, "the trainer trained", TIMEOUT)
       proc.send_signal(signal.SIGTERM)
       time.sleep(0.1)
       proc.send_signal(signal.SIGTERM)  # delivered twice (process, then its group)
