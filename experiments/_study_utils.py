@@ -182,8 +182,9 @@ def train_grid(config_arg: str, points: list[dict], runs_dir: str, workers: int 
     ``workdir``, ``train_curve`` and ``validation_curve`` (the logged records), ``error``.
   """
   from linear_attention import sweep
-  from linear_attention.train import metrics
+  from linear_attention.train import lifeline, metrics
 
+  lifeline.watch("run_studies.py")  # when it started this study: stop (trainers save) if it dies
   flags = os.environ.get("XLA_FLAGS", "")
   if workers >= (os.cpu_count() or 1) and "xla_cpu_multi_thread_eigen" not in flags:
     os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()

@@ -51,7 +51,9 @@ import subprocess
 import sys
 import time
 
-from linear_attention.sweep import STATUS_FILE  # no JAX: --help and --collect's check stay fast
+# No JAX: --help and --collect's check stay fast.
+from linear_attention.sweep import STATUS_FILE
+from linear_attention.train import lifeline
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
@@ -140,8 +142,9 @@ def run_study(study: str, results: str, smoke: bool, dry_run: bool,
     # only, which passes each one on; the study's sweep then has its trainers save
     # checkpoints, and this waits for it. Before, a kill of this process left the study
     # training, orphaned.
+    # If this process is killed outright, the lifeline stops the study (its trainers save).
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, **lifeline.popen_kwargs())
 
     def forward(signum, frame):
       del frame

@@ -262,6 +262,8 @@ def main(argv) -> None:
   if FLAGS.sample is not None:
     _sample(FLAGS.workdir)
     return
+  from linear_attention.train import lifeline
+  lifeline.watch()  # started by a sweep: stop (and save) if it dies
   if _CONFIG.value is None:
     _fail("--config is required (e.g. --config=configs/text_lm.py).")
   try:

@@ -45,7 +45,9 @@ exits 3, and the sweep waits for them. A second signal only says what is still s
 third, or ``--stop-grace`` seconds (default ``STOP_GRACE_S``) without an exit, kills the
 trainers that remain (said per point: no checkpoint saved). The trainers run in sessions of
 their own, so that a signal to the sweep's process group reaches them once, through the
-sweep. Points not started are left for the next rerun; the summary records the stopped
+sweep; a sweep killed outright (SIGKILL, a crash) stops them through their lifeline
+(``train.lifeline``): each saves a checkpoint and exits 3, and no summary is written. Points
+not started are left for the next rerun; the summary records the stopped
 ones as ``stopped`` with the checkpoint each saved, and the final ``error:`` line names them
 (rerunning the same command resumes each from its checkpoint). Exit status: 0 every point
 done, 1 some point failed, 2 bad sweep arguments, 3 stopped by a signal; with ``--point``,
@@ -72,6 +74,7 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from linear_attention.train import errors
+from linear_attention.train import lifeline
 from linear_attention.train import metrics as metrics_lib
 from linear_attention.train import rundir
 
@@ -420,8 +423,9 @@ def run_point(config_arg: str, workdir: str, overrides: Mapping[str, Any],
     log.flush()
     # A session of its own: a Ctrl-C in the terminal reaches the sweep only, which stops
     # every trainer the same way (SIGTERM: save, then exit 3).
-    proc = _CHILDREN.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                           start_new_session=True)
+    # The lifeline stops the trainer should this process die without stopping it (SIGKILL).
+    proc = _CHILDREN.start(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                           **lifeline.popen_kwargs(env))
     if proc is None:
       return {**rec, "status": "stopped", "returncode": None, "error": "not started",
               "skipped": False}

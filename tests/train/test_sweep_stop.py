@@ -384,3 +384,140 @@ def test_sigterm_while_a_trainer_starts_exits_130_in_one_line(tmp_path):
   assert proc.returncode == errors.EXIT_INTERRUPTED, err[-2000:]
   assert lines[-1].startswith("error: interrupted; rerun the same command"), lines
   assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- a killed parent
+
+
+LIFELINE_CHILD = """
+import os, signal, sys, time
+from linear_attention.train import lifeline
+tmp = sys.argv[1]
+
+def on_term(signum, frame):  # the trainer's stop: save, exit 3
+  with open(os.path.join(tmp, "stopped"), "w") as f:
+    f.write("saved")
+  os._exit(3)
+
+signal.signal(signal.SIGTERM, on_term)
+watching = lifeline.watch("the test's parent")
+with open(os.path.join(tmp, "ready"), "w") as f:
+  f.write(f"{watching} {os.environ.get(lifeline.ENV)}")
+deadline = time.monotonic() + 120  # never outlives a broken test by much
+while time.monotonic() < deadline:
+  time.sleep(0.02)
+"""
+LIFELINE_PARENT = """
+import os, subprocess, sys, time
+from linear_attention.train import lifeline
+tmp, child_code = sys.argv[1:3]
+with open(os.path.join(tmp, "child.err"), "w") as err:
+  child = subprocess.Popen([sys.executable, "-c", child_code, tmp], stderr=err,
+                           start_new_session=True, **lifeline.popen_kwargs())
+# Started after the pipe exists, without it: must not hold its write end open.
+plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(child.pid, plain.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _kill_quietly(*pids):
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except OSError:
+      pass
+
+
+def test_a_child_stops_through_its_lifeline_when_its_parent_is_sigkilled(tmp_path):
+  parent = subprocess.Popen([sys.executable, "-c", LIFELINE_PARENT, str(tmp_path),
+                             LIFELINE_CHILD], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  killer = threading.Timer(DEADLINE_S, parent.kill)  # a silent parent cannot block readline
+  killer.start()
+  pids = []
+  try:
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    wait_for((tmp_path / "ready").exists, parent, "the child watched", DEADLINE_S)
+    assert (tmp_path / "ready").read_text() == "True None"  # the variable is not passed on
+    assert not (tmp_path / "stopped").exists()
+    parent.kill()  # SIGKILL: the parent stops nothing itself
+    parent.wait()
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline and not (tmp_path / "stopped").exists():
+      time.sleep(0.05)
+  finally:
+    killer.cancel()
+    parent.kill()
+    parent.wait()
+    _kill_quietly(*pids)
+  assert (tmp_path / "stopped").read_text() == "saved"
+  assert "the test's parent has exited: stopping" in (tmp_path / "child.err").read_text()
+
+
+def test_watch_without_a_lifeline_does_nothing(tmp_path, monkeypatch):
+  from linear_attention.train import lifeline
+  monkeypatch.delenv(lifeline.ENV, raising=False)
+  assert not lifeline.watch()
+  with open(tmp_path / "f", "w") as f:
+    closed = os.dup(f.fileno())
+    os.close(closed)
+    for value in ("x", str(f.fileno()), str(closed)):  # not a number, not a pipe, not open
+      monkeypatch.setenv(lifeline.ENV, value)
+      assert not lifeline.watch()
+      assert lifeline.ENV not in os.environ  # read once, never passed on
+
+
+def test_sigkill_of_a_sweep_stops_its_trainer_which_saves_a_checkpoint(tmp_path):
+  # Before: the trainer (a session of its own) trained on, orphaned, until its last step.
+  cfg = tmp_path / "cfgs" / "stop_sweep.py"
+  cfg.parent.mkdir()
+  cfg.write_text(SWEEP_CONFIG)
+  wd = tmp_path / "sweep"
+  point = wd / "000-mixer=gla"
+  proc = subprocess.Popen([sys.executable, "-m", "linear_attention.sweep",
+                           f"--config={cfg}:size=smoke", f"--workdir={wd}", *TINY], cwd=ROOT,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  trainer = None
+  try:
+    wait_for(lambda: len(_lines(point / "metrics.jsonl")) >= 1, proc, "the trainer trained",
+             TIMEOUT)
+    trainer = json.loads((point / "run.lock").read_text())["pid"]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and sweep._held_by_another(str(point)):
+      time.sleep(0.1)
+  finally:
+    proc.kill()
+    proc.wait()
+    if trainer is not None and sweep._held_by_another(str(point)):
+      _kill_quietly(trainer)
+      raise AssertionError("the trainer still ran after the sweep was killed")
+  log = (point / "log.txt").read_text()
+  assert "the sweep that started this trainer has exited: stopping" in log
+  saved = int(os.listdir(point / "checkpoints")[0])
+  assert f"SIGTERM at step {saved}; checkpoint saved" in log
+
+
+def test_sigkill_of_run_studies_stops_its_study(tmp_path):
+  # The study's own stop (train_grid's sweep: its trainers save) then runs as after a kill.
+  (tmp_path / "study.py").write_text(
+      "from linear_attention.train import lifeline\nlifeline.watch('run_studies.py')\n"
+      + FAKE_STUDY)
+  marker, logs = tmp_path / "saved", tmp_path / "logs"
+  proc = subprocess.Popen([sys.executable, "-c", RUN_STUDIES, str(tmp_path / "study.py"),
+                           str(marker), str(logs)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  try:
+    wait_for(lambda: "training" in "".join(_lines(logs / "fake.log")), proc,
+             "the study started", DEADLINE_S)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline and not marker.exists():
+      time.sleep(0.05)
+  finally:
+    proc.kill()
+    proc.wait()
+  assert marker.read_text() == "saved"
+  assert "run_studies.py has exited: stopping" in (logs / "fake.log").read_text()
