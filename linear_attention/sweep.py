@@ -784,8 +784,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
       if not points:
         raise ValueError("the sweep has no points.")
+      if not os.path.isdir(args.workdir):  # a typo, or nothing ran yet: say so, create nothing
+        raise ValueError(f"--collect: the sweep directory {args.workdir!r} does not exist: no "
+                         "point has run there (the same command without --collect runs them).")
       rows = collect(args.workdir, points)
-      os.makedirs(args.workdir, exist_ok=True)
       write_summary(args.workdir, rows)
       print(_format_table(rows))
       done = sum(r["status"] == "done" for r in rows)

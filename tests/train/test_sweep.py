@@ -115,6 +115,8 @@ def test_collect_writes_finished_and_missing_points(one_point, tmp_path, capsys)
   assert csv[0].startswith("point,status,exit_code,model.mixer") and len(csv) == 4
   assert csv[2].startswith("001-mixer=softmax,done,0,softmax,")
   assert _points(wd) == ["001-mixer=softmax"]  # collecting trains nothing
+  assert _main(config, str(tmp_path / "typo"), "--collect") == 2  # creates nothing
+  assert "sweep directory" in capsys.readouterr().err and not (tmp_path / "typo").exists()
 
 
 def test_finished_run_reused_by_its_overrides_when_the_index_shifts(one_point, tmp_path, capsys):
