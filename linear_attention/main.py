@@ -298,10 +298,11 @@ def main(argv) -> None:
     _fail(INTERRUPTED_MESSAGE[len("error: "):].strip(), errors.EXIT_INTERRUPTED)
 
 
-_SHORT_HELP = ("--help", "-h", "-?", "--helpshort")  # absl's help of this module's flags only
+_SHORT_HELP = ("--help", "-?", "--helpshort")  # absl's help of this module's flags only
 
 
 def run() -> None:
+  sys.argv = [("--help" if a == "-h" else a) for a in sys.argv]  # absl knows no -h
   if not any(a in _SHORT_HELP for a in sys.argv[1:]):  # --help needs no JAX (seconds to import)
     import jax
     jax.config.config_with_absl()  # JAX's own flags on this command line (--jax_platforms=cpu, ...)
