@@ -51,9 +51,7 @@ import subprocess
 import sys
 import time
 
-# No JAX: --help and --collect's check stay fast.
-from linear_attention.sweep import STATUS_FILE
-from linear_attention.train import lifeline
+from linear_attention.train import lifeline  # no JAX: --help stays fast
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
@@ -102,6 +100,7 @@ def _rel(path: str) -> str:
 def finished_runs(root: str) -> int:
   """The training runs under ``root`` that finished (``sweep_status.json`` says ``done``), at
   any depth: synthetic and hybrid keep one sweep per task."""
+  from linear_attention.sweep import STATUS_FILE
   n = 0
   for path, dirs, files in os.walk(root):
     if STATUS_FILE in files:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from linear_attention import sweep
 from tests import helpers
 
 rs = helpers.load_experiment("run_studies")
@@ -23,7 +24,7 @@ def runs(tmp_path, monkeypatch):
 def _run(root, rel: str, status: str) -> None:
   d = root / rel
   d.mkdir(parents=True)
-  (d / rs.STATUS_FILE).write_text(json.dumps({"status": status, "overrides": {}}))
+  (d / sweep.STATUS_FILE).write_text(json.dumps({"status": status, "overrides": {}}))
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "unfinished"])
@@ -78,6 +79,6 @@ def test_finished_runs_counts_done_records_at_any_depth(tmp_path):
   _run(tmp_path, "b/c/001", "done")
   _run(tmp_path, "b/002", "failed")
   (tmp_path / "d" / "003").mkdir(parents=True)
-  (tmp_path / "d" / "003" / rs.STATUS_FILE).write_text("{cut")
+  (tmp_path / "d" / "003" / sweep.STATUS_FILE).write_text("{cut")
   assert rs.finished_runs(str(tmp_path)) == 2
   assert rs.finished_runs(str(tmp_path / "nowhere")) == 0
