@@ -47,8 +47,8 @@ trainers that remain (said per point: no checkpoint saved). The trainers run in 
 their own, so that a signal to the sweep's process group reaches them once, through the
 sweep; a sweep killed outright (SIGKILL, a crash) stops them through their lifeline
 (``train.lifeline``): each saves a checkpoint and exits 3, and no summary is written. Points
-not started are left for the next rerun; the summary records the stopped
-ones as ``stopped`` with the checkpoint each saved, and the final ``error:`` line names them
+not started are left for the next rerun; the summary records the stopped ones as
+``stopped`` with the checkpoint each saved, and the final ``error:`` line names them
 (rerunning the same command resumes each from its checkpoint). Exit status: 0 every point
 done, 1 some point failed, 2 bad sweep arguments, 3 stopped by a signal; with ``--point``,
 the trainer's own exit status (0 also when the point had finished before).
