@@ -14,9 +14,11 @@ process on a shared machine (wall time there includes waiting for a core).
 
   python experiments/bench_delta_forms.py                       # T = 1k, 4k, 16k
   python experiments/bench_delta_forms.py --seq_lens 1024 --variants kda --chunk 32
-  # one core (XLA_FLAGS are recorded in the JSON):
-  XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
-      python experiments/bench_delta_forms.py
+  # one core (XLA_FLAGS are recorded in the JSON). Every flag with its "--": a bare
+  # "intra_op_parallelism_threads=1" made XLA drop the flags after it, among them the
+  # --xla_cpu_experimental_ynn_fusion_type= the package adds, and the chunk form's
+  # backward then segfaulted in a YNNPACK fusion (jaxlib 0.10.2, seen here):
+  XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" python experiments/bench_delta_forms.py
 """
 
 from __future__ import annotations

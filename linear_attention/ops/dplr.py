@@ -32,9 +32,9 @@ Forms (all agree; the tests prove it):
   with dense pairwise per-channel decays ``[T', T', K]`` and the inverse by
   forward substitution; quadratic, for short inputs.
 * ``chunk``: WY / UT-transform chunks, linear in T.
-* ``auto`` (default): :data:`DEFAULT_FORMS` by backend, ``chunk`` on every backend
-  (on CPU the faster forward+backward; the recurrent form is the faster forward alone
-  there); see :func:`resolve_form`.
+* ``auto`` (default): :data:`DEFAULT_FORMS` by backend: the recurrent form on CPU (measured
+  faster there forward, and forward+backward under XLA's default threads), the chunk form on
+  GPU and TPU; see :func:`resolve_form`.
 
 The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
 the in-chunk inclusive cumulative log decay at sub-step ``i`` (a ``[K]``
@@ -53,7 +53,7 @@ so with the UT transform ``M = (I - L_ba)^{-1}`` (one per chunk),
 Everything but ``U = U_0 + W S_0`` and the state update is computed for all
 chunks at once; the scan over chunks does two ``[C, K] x [K, V]`` matmuls.
 The in-chunk scores ``A_xy`` are those of the diagonal-decay engine
-(:func:`linear_attention.common.intra_scores`, sub-chunked so no
+(:func:`linear_attention.common.intra_scores_by_diagonals`, sub-chunked so no
 ``[C, C, K]`` tensor is formed); ``L_xy`` reuses it with the rows moved one
 step back (``e^{E_i - G_j} = e^{G_{i-1} - G_j}``), and all four come from one call
 that shares the decay factors. Every decay factor is
@@ -99,8 +99,8 @@ Array = jax.Array
 #   threads and the chunk form's forward+backward wins 2.5x for KDA and RWKV-7 (idle, KDA 4k:
 #   569 against 2093 ms wall), while the scan stays the faster forward.
 # So CPU keeps the scan (pass ``form="chunk"`` to train under one thread); the chunk form's
-# forward is dominated by the per-channel in-chunk scores (``common.intra_scores``, an ``exp``
-# per pair and channel in 8-step sub-chunks). On GPU and TPU the chunk form's matmuls are the
+# forward is dominated by the per-channel in-chunk scores (``common.intra_scores_by_diagonals``,
+# an ``exp`` per pair and channel inside 4-step sub-chunks). On GPU and TPU the chunk form's matmuls are the
 # fast path.
 DEFAULT_FORMS: dict[str, str] = {"cpu": "recurrent"}
 
@@ -184,9 +184,8 @@ def dplr_attention(
       checked only for concrete values (see
       :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
-    form: ``"auto"`` (default: :func:`resolve_form`, the chunk form; on CPU the recurrent
-      form is the faster forward alone), ``"chunk"`` (linear in T), ``"recurrent"`` or
-      ``"parallel"``.
+    form: ``"auto"`` (default: :func:`resolve_form`, the recurrent form on CPU and the
+      chunk form elsewhere), ``"chunk"`` (linear in T), ``"recurrent"`` or ``"parallel"``.
     chunk_size: tokens per chunk of the chunk form (``chunk_size * R``
       sub-steps; any ``T`` works, padded inside); None: :func:`resolve_chunk_size`, 32 on
       CPU (measured faster there) and 64 elsewhere.

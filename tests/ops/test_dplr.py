@@ -347,11 +347,13 @@ def test_default_chunk_size_by_backend(monkeypatch):
                             rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["intra_scores", "intra_scores_by_diagonals"])
 @pytest.mark.parametrize("c", [16, 12, 7])
-def test_intra_scores_of_several_inputs_against_dense_pairs(c):
+def test_intra_scores_of_several_inputs_against_dense_pairs(c, name):
   """The chunk form's shared in-chunk scores (two row and two column inputs, one call) equal
   the dense ``sum_k x_ik y_jk exp(G_ik - G_jk)``, ``j <= i``, forward and gradient in float64,
-  with sub-chunks of 8, 4 (c = 12) and 1 (c = 7), and steps down to the -inf floor."""
+  with sub-chunks of 8, 4 (c = 12) and 1 (c = 7) (4, 4, 1 by diagonals, the DPLR engine's
+  form), and steps down to the -inf floor."""
   from linear_attention import common
   with jax.enable_x64(True):
     rng = _rng(c)
@@ -367,7 +369,7 @@ def test_intra_scores_of_several_inputs_against_dense_pairs(c):
 
     ct = jnp.asarray(rng.standard_normal((2, 3, 2, 2, c, c)))
     loss = lambda f: lambda *a: jnp.sum(ct * f(*a))
-    got = jax.value_and_grad(loss(common.intra_scores), (0, 1, 2))(x, y, gc)
+    got = jax.value_and_grad(loss(getattr(common, name)), (0, 1, 2))(x, y, gc)
     want = jax.value_and_grad(loss(dense), (0, 1, 2))(x, y, gc)
     assert np.all(np.isfinite(np.asarray(got[0])))
     helpers.assert_tree_close(got, want, 1e-10, 1e-10, f"c={c}")
