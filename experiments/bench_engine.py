@@ -18,7 +18,7 @@ B=1, H=4, D=64, float32, causal. GFLOP/s count the chunk algorithm as written
   python experiments/bench_engine.py                 # T = 1k, 4k, 16k, 64k
   python experiments/bench_engine.py --smoke         # T = 256, 1k (a quick check)
   # one core, as the studies' training workers run (XLA_FLAGS is recorded in the JSON):
-  XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+  XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" \
       python experiments/bench_engine.py --out results/bench_engine_cpu_1core.json
 """
 

@@ -16,7 +16,7 @@ the machine's 2048^2 matmul rate is recorded beside them. ``*_ms`` are best wall
   python experiments/bench_loglinear.py              # T = 1k, 4k, 16k
   python experiments/bench_loglinear.py --smoke      # T = 256, one call each
   # one core (XLA_FLAGS is recorded in the JSON):
-  XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+  XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" \
       python experiments/bench_loglinear.py --out results/bench_loglinear_cpu_1core.json
 """
 
