@@ -97,6 +97,14 @@ VARIANTS = {
     "m2_as_m1_h2_1k": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True,
                        _M2 + "bc_from_conv": True, _M2 + "norm": False,
                        _M2 + "a_init_range": (1 / 32, 0.5), "train.steps": 1000},
+    # Block or delay: Mamba-1 with one Mamba-2 property, trained 3x as long (the first 500
+    # steps are the 500-step run's: the same seed, data and constant schedule).
+    "m1_scalar_a_1500": {"model.mixer": "mamba", _M1 + "scalar_a": True, "train.steps": 1500},
+    "m1_dt_input_1500": {"model.mixer": "mamba", _M1 + "dt_from_input": True,
+                         "train.steps": 1500},
+    # scalar_a's initialisation (the same draws) without its sharing: A learned per (channel,
+    # state dimension). Learns -> the sharing blocks; stays -> the initialisation does.
+    "m1_equal_a": {"model.mixer": "mamba", _M1 + "equal_a_init": True, "train.steps": 1000},
 }
 FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=500,
             eval_every=100, test_examples=128)
@@ -106,12 +114,12 @@ SMOKE = dict(seq_len=32, batch=8, d_model=32, lr=3e-3, short_conv=3, steps=20,
 
 def sized(overrides: dict, size: dict) -> dict:
   """``overrides`` fitted to ``size``: head dimension 1 stays 1 (``num_heads = d_inner``) and
-  a longer run stays twice the size's steps (so ``--smoke`` stays tiny)."""
+  a longer run keeps its multiple of the full size's steps (so ``--smoke`` stays tiny)."""
   o = dict(overrides)
   if o.get("model.num_heads") == 128:
     o["model.num_heads"] = 2 * size["d_model"]
   if "train.steps" in o:
-    o["train.steps"] = 2 * size["steps"]
+    o["train.steps"] = o["train.steps"] * size["steps"] // FULL["steps"]
   return o
 
 
