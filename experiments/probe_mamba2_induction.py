@@ -105,6 +105,10 @@ VARIANTS = {
     # scalar_a's initialisation (the same draws) without its sharing: A learned per (channel,
     # state dimension). Learns -> the sharing blocks; stays -> the initialisation does.
     "m1_equal_a": {"model.mixer": "mamba", _M1 + "equal_a_init": True, "train.steps": 1000},
+    # scalar_a with every channel's A at most Mamba-1's slowest (A in [1/16, 1]): Mamba-1's
+    # side of m2_as_m1 (head dimension 1, slow decay) at a third of its cost.
+    "m1_scalar_a_slow": {"model.mixer": "mamba", _M1 + "scalar_a": True,
+                         _M1 + "a_init_scale": 1 / 16, "train.steps": 1000},
 }
 FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=500,
             eval_every=100, test_examples=128)
@@ -199,6 +203,92 @@ def context_test(workdir: str, examples: int = 128, max_k: int = 3) -> dict:
   return out
 
 
+def _sparse_rows(config, examples: int):
+  """``examples`` sparse test rows at the training length and their answers."""
+  import numpy as np
+
+  from linear_attention import data
+
+  ds = data.make_dataset({**config.data.to_dict(), "dense": False, "batch_size": examples})
+  batch = next(iter(ds.eval_batches("test", 1)))
+  return np.asarray(batch["inputs"]), np.asarray(batch["targets"])[:, -1]
+
+
+def state_ablation(workdir: str, examples: int = 128, dims=(1, 4)) -> dict:
+  """Which state dimensions a trained Mamba-1 answers with: the sparse test with, in one
+  layer at a time, the state dimensions ``n < k`` (the slowest: Mamba-1's ``A_n`` starts at
+  ``n + 1``) or ``n >= k`` never written (their ``B`` columns zeroed), for ``k`` in ``dims``.
+
+  Returns:
+    ``{"step", "examples", "full", "layer<i>_only_n<k>", "layer<i>_without_n<k>", ...,
+    "a_mean_by_n": {"layer<i>": [mean over channels of the trained A_n, n = 0..N-1]}}``.
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from linear_attention.train import results
+
+  model, config, step = results.load_model(workdir)
+  tokens, answer = _sparse_rows(config, examples)
+  t = tokens.shape[1]
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def last_logits(state, x):
+    return nnx.merge(graphdef, state)(x, positions=jnp.full((x.shape[0], 1), t - 1))[:, 0]
+
+  def acc(state):
+    return float(np.mean(np.argmax(np.asarray(last_logits(state, jnp.asarray(tokens))), -1)
+                         == answer))
+
+  blocks = model.backbone.blocks
+  out = {"step": step, "examples": int(tokens.shape[0]), "full": acc(state), "a_mean_by_n": {}}
+  for i, block in enumerate(blocks):
+    m = block.mixer
+    r = 0 if m.dt_from_input else m.dt_rank
+    kernel = m.x_proj.kernel[...]
+    n = m.d_state
+    out["a_mean_by_n"][f"layer{i}"] = [float(v) for v in
+                                       np.mean(-np.asarray(m._params()[0]), axis=0)]
+    for k in dims:
+      for name, cut in ((f"only_n<{k}", np.arange(n) >= k), (f"without_n<{k}", np.arange(n) < k)):
+        keep = jnp.asarray(np.concatenate([np.ones(r), 1.0 - cut, np.ones(n)]), kernel.dtype)
+        m.x_proj.kernel.set_value(kernel * keep)  # B's columns of the cut dimensions: 0
+        out[f"layer{i}_{name}"] = acc(nnx.split(model)[1])
+      m.x_proj.kernel.set_value(kernel)
+  return out
+
+
+def init_memory(overrides: dict, size: dict, distance: int = 128, seed: int = 0) -> dict:
+  """How much of a token the initialised first layer still holds ``distance`` tokens later,
+  per channel at its bias ``dt`` (``softplus(dt_bias)``, the input-dependent part left
+  out): ``exp(-min_n A_n dt distance)`` for the slowest state dimension of each channel
+  (Mamba-1; a head's ``A`` and ``dt`` for Mamba-2).
+
+  Returns:
+    ``{"distance", "median", "frac_above_0.1"}`` over the channels (heads for Mamba-2).
+  """
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from linear_attention import nn as lnn
+
+  mixer = overrides["model.mixer"]
+  prefix = f"model.mixer_kwargs.{mixer}."
+  kw = {k[len(prefix):]: v for k, v in overrides.items() if k.startswith(prefix)}
+  heads = overrides.get("model.num_heads", 2)
+  layer = lnn.make_mixer(mixer, size["d_model"], heads, rngs=nnx.Rngs(seed), **kw)
+  a = np.exp(np.asarray(layer.A_log[...]))
+  a_min = a.min(axis=-1) if a.ndim == 2 else a
+  dt = np.asarray(jax.nn.softplus(layer.dt_bias[...]))
+  keep = np.exp(-a_min * dt * distance)
+  return {"distance": distance, "median": float(np.median(keep)),
+          "frac_above_0.1": float(np.mean(keep > 0.1))}
+
+
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "synthetic")
@@ -211,6 +301,9 @@ def main() -> int:
   p.add_argument("--context-test", default="mamba,slow_decay_1k,m1_scalar_a",
                  help="variants whose final model is tested with the token before the second "
                       "trigger repeated (see context_test; cached in the run directory)")
+  p.add_argument("--ablate-state", default="mamba",
+                 help="Mamba-1 variants whose final model is tested with some state dimensions "
+                      "never written (see state_ablation; cached in the run directory)")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.steps:
@@ -262,6 +355,11 @@ def main() -> int:
       ctx_path = os.path.join(r["workdir"], "context_test.json")
       r["context_test"] = su.read_json(ctx_path) or context_test(r["workdir"])
       su.write_json(ctx_path, r["context_test"])
+    if name in args.ablate_state.split(",") and r["overrides"]["model.mixer"] == "mamba":
+      abl_path = os.path.join(r["workdir"], "state_ablation.json")
+      r["state_ablation"] = su.read_json(abl_path) or state_ablation(
+          r["workdir"], size["test_examples"])
+      su.write_json(abl_path, r["state_ablation"])
     if name in args.check_forms.split(","):
       check_path = os.path.join(r["workdir"], "forms_agree.json")
       r["forms_agree"] = su.read_json(check_path) or forms_agree(r["workdir"])
@@ -270,7 +368,9 @@ def main() -> int:
                                               for c in curve), flush=True)
     r["workdir"] = su.relative_path(r["workdir"])
 
+  memory = {n: init_memory(pt, size) for n, pt in zip(names, points)}
   table = [{"variant": r["variant"], "mixer": r["overrides"]["model.mixer"],
+            "init_memory": memory[r["variant"]]["frac_above_0.1"],
             "dense_val": r["metrics"].get("validation_accuracy"),
             "sparse_test": r["sparse_test_curve"][-1]["accuracy"] if r.get("sparse_test_curve")
             else None,
@@ -279,11 +379,12 @@ def main() -> int:
            for r in rows if r["status"] == "done"]
   out = {"study": "mamba2_induction_probe", "config": {"smoke": args.smoke, **size,
                                                       "variants": dict(zip(names, points))},
-         "chance": 1 / 15, "elapsed_s": time.time() - t0,
+         "chance": 1 / 15, "init_memory": memory, "elapsed_s": time.time() - t0,
          "environment": su.environment(shared_machine=True), "table": table, "runs": rows}
   os.makedirs(args.out, exist_ok=True)
   su.write_json(os.path.join(args.out, "mamba2_induction_probe.json"), out)
   print(su.format_table(table, [("variant", "variant", "{}"), ("mixer", "mixer", "{}"),
+                                ("init_memory", "init mem", "{:.2f}"),
                                 ("dense_val", "dense val", "{:.3f}"),
                                 ("sparse_test", "sparse test", "{:.3f}"),
                                 ("sparse_se", "se", "{:.3f}"), ("steps", "steps", "{}")]))
