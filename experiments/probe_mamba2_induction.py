@@ -44,12 +44,21 @@ weights across and checks the outputs agree). The variants (``--variants``):
   the conv'd ``x``, no norm, slow decay; ``m2_as_m1`` the same at head dimension 1.
 * ``m1_scalar_a``, ``m1_dt_input``: Mamba-1 with one Mamba-2 property (one ``A`` per
   channel; ``dt`` from the layer input).
-* ``*_1k``: 1000 steps instead of 500, for variants that leave the loss plateau late.
+* ``m1_equal_a``: Mamba-1 whose ``A`` starts as ``scalar_a``'s (the same draws) but is
+  learned per state dimension (``equal_a_init``): ``scalar_a``'s initialisation without its
+  sharing. ``m1_scalar_a_slow``: ``scalar_a`` with ``A`` in ``[1/16, 1]`` (no channel decays
+  faster than Mamba-1's slowest state dimension): Mamba-1's side of ``m2_as_m1``.
+* ``*_1k``, ``*_1500``: 1000 or 1500 steps instead of 500, for variants that leave the loss
+  plateau late (a ``*_1500`` run resumes from its 500-step run's checkpoint: the same
+  seed, data and constant schedule, so the first 500 steps are that run's).
 * ``mamba``: Mamba-1 itself, the positive control at the same budget.
 
 Each run keeps a checkpoint every ``--eval-every`` steps; each is tested on the sparse task
 at the training length (``--test-examples`` sequences), which gives a learning curve per
-hypothesis. Writes ``<out>/mamba2_induction_probe.json``.
+hypothesis. Two measurements explain the curves: ``init_memory`` (per variant, at init: the
+share of channels that still hold a tenth of a token 128 steps later) and
+``state_ablation`` (a trained Mamba-1 with some state dimensions never written: which ones
+it answers from). Writes ``<out>/mamba2_induction_probe.json``.
 
     python experiments/probe_mamba2_induction.py                    # every variant
     python experiments/probe_mamba2_induction.py --variants slow_decay,mamba --steps 400
