@@ -883,6 +883,15 @@ def _probe_explanation(probe: dict, variants: list[str]) -> list[str]:
                      f"{v} from step {escape(v)[0]} ({escape(v)[0] / ref:.1f}x)" for v in later)
                  + ("; " if later and never else "")
                  + ", ".join(f"{v} not within {escape(v)[1]} steps" for v in never))
+  moved = [v for v in m1 if len(runs[v].get("decay_stats") or []) == 2]
+  if moved:
+    def share(v):
+      first, last = runs[v]["decay_stats"]
+      layer = sorted(k for k in last if k.startswith("layer"))[-1]
+      return (f"{v} {first[layer]['slow_share']:.2f} -> {last[layer]['slow_share']:.2f} "
+              f"(steps {first['step']} -> {last['step']})")
+    parts.append("share of last-layer channels with some A_n < 2 during training: "
+                 + ", ".join(share(v) for v in moved))
   abl = (runs.get("mamba") or {}).get("state_ablation")
   if abl:
     layers = sorted({k.split("_")[0] for k in abl if k.startswith("layer")})

@@ -270,6 +270,27 @@ def state_ablation(workdir: str, examples: int = 128, dims=(1, 4)) -> dict:
   return out
 
 
+def decay_stats(workdir: str, step: int) -> dict:
+  """A trained Mamba-1's ``A`` at ``step``, per layer: does training move it towards the slow
+  decays that Mamba-1 starts with (every channel has an ``A_n = 1``)?
+
+  Returns:
+    ``{"step", "layer<i>": {"mean_a", "slow_share" (channels whose smallest A_n < 2),
+    "spread" (mean over channels of max_n A_n - min_n A_n)}}``.
+  """
+  import numpy as np
+
+  from linear_attention.train import results
+
+  model, _, step = results.load_model(workdir, step)
+  out = {"step": step}
+  for i, block in enumerate(model.backbone.blocks):
+    a = -np.asarray(block.mixer._params()[0])  # [d_inner, N], scalar_a broadcast
+    out[f"layer{i}"] = {"mean_a": float(a.mean()), "slow_share": float(np.mean(a.min(-1) < 2)),
+                        "spread": float(np.mean(a.max(-1) - a.min(-1)))}
+  return out
+
+
 def init_memory(overrides: dict, size: dict, distance: int = 128, seed: int = 0) -> dict:
   """How much of a token the initialised first layer still holds ``distance`` tokens later,
   per channel at its bias ``dt`` (``softplus(dt_bias)``, the input-dependent part left
@@ -369,6 +390,11 @@ def main() -> int:
       r["state_ablation"] = su.read_json(abl_path) or state_ablation(
           r["workdir"], size["test_examples"])
       su.write_json(abl_path, r["state_ablation"])
+    if r["overrides"]["model.mixer"] == "mamba" and curve:
+      a_path = os.path.join(r["workdir"], "decay_stats.json")
+      r["decay_stats"] = su.read_json(a_path) or [
+          decay_stats(r["workdir"], c["step"]) for c in (curve[0], curve[-1])]
+      su.write_json(a_path, r["decay_stats"])
     if name in args.check_forms.split(","):
       check_path = os.path.join(r["workdir"], "forms_agree.json")
       r["forms_agree"] = su.read_json(check_path) or forms_agree(r["workdir"])

@@ -495,7 +495,13 @@ def test_mamba2_induction_probe_row(tmp_path):
                                      "layer1_only_n<4": 0.88, "layer1_without_n<4": 0.3}
   pr["init_memory"] = {v: {"distance": 128, "frac_above_0.1": f}
                        for v, f in (("mamba", 0.66), ("m1_scalar_a", 0.22))}
+  pr["runs"][2]["decay_stats"] = [{"step": 100, "layer0": {"slow_share": 0.5},
+                                    "layer1": {"slow_share": 0.05}},
+                                   {"step": 1500, "layer0": {"slow_share": 0.5},
+                                    "layer1": {"slow_share": 0.07}}]
   reason = claims._mamba2_probe_row(pr, None)["reason"]
+  assert "some A_n < 2 during training: m1_scalar_a_1500 0.05 -> 0.07 (steps 100 -> 1500)" \
+      in reason
   assert ("Mamba-1 leaves chance (>= 0.2 on the sparse test) from step 200; given a change: "
           "m1_scalar_a_1500 from step 1500 (7.5x); m1_dt_input not within 200 steps") in reason
   assert "with only its 4 slowest state dimensions (A_n about n+1, n < 4) written per layer: " \
