@@ -48,9 +48,10 @@ weights across and checks the outputs agree). The variants (``--variants``):
   learned per state dimension (``equal_a_init``): ``scalar_a``'s initialisation without its
   sharing. ``m1_scalar_a_slow``: ``scalar_a`` with ``A`` in ``[1/16, 1]`` (no channel decays
   faster than Mamba-1's slowest state dimension): Mamba-1's side of ``m2_as_m1``.
-* ``*_1k``, ``*_1300``, ``*_1500``: that many steps instead of 500, for variants that leave the loss
-  plateau late (a ``*_1300`` or ``*_1500`` run resumes from its 500-step run's checkpoint: the same
-  seed, data and constant schedule, so the first 500 steps are that run's).
+* ``*_1k``, ``*_1500``: 1000 or 1500 steps instead of 500, for variants that leave the loss
+  plateau late (``m1_*_1k`` and ``*_1500`` runs resumed from their 500-step run's
+  checkpoint: the same seed, data and constant schedule, so the first 500 steps are that
+  run's).
 * ``mamba``: Mamba-1 itself, the positive control at the same budget.
 
 Each run keeps a checkpoint every ``--eval-every`` steps; each is tested on the sparse task
@@ -109,8 +110,8 @@ VARIANTS = {
     # Block or delay: Mamba-1 with one Mamba-2 property, trained longer (the first 500
     # steps are the 500-step run's: the same seed, data and constant schedule).
     "m1_scalar_a_1500": {"model.mixer": "mamba", _M1 + "scalar_a": True, "train.steps": 1500},
-    "m1_dt_input_1300": {"model.mixer": "mamba", _M1 + "dt_from_input": True,
-                         "train.steps": 1300},
+    "m1_dt_input_1k": {"model.mixer": "mamba", _M1 + "dt_from_input": True,
+                       "train.steps": 1000},
     # scalar_a's initialisation (the same draws) without its sharing: A learned per (channel,
     # state dimension). Learns -> the sharing blocks; stays -> the initialisation does.
     "m1_equal_a": {"model.mixer": "mamba", _M1 + "equal_a_init": True, "train.steps": 1000},
