@@ -44,12 +44,22 @@ weights across and checks the outputs agree). The variants (``--variants``):
   the conv'd ``x``, no norm, slow decay; ``m2_as_m1`` the same at head dimension 1.
 * ``m1_scalar_a``, ``m1_dt_input``: Mamba-1 with one Mamba-2 property (one ``A`` per
   channel; ``dt`` from the layer input).
-* ``*_1k``: 1000 steps instead of 500, for variants that leave the loss plateau late.
+* ``m1_equal_a``: Mamba-1 whose ``A`` starts as ``scalar_a``'s (the same draws) but is
+  learned per state dimension (``equal_a_init``): ``scalar_a``'s initialisation without its
+  sharing. ``m1_scalar_a_slow``: ``scalar_a`` with ``A`` in ``[1/16, 1]`` (no channel decays
+  faster than Mamba-1's slowest state dimension): Mamba-1's side of ``m2_as_m1``.
+* ``*_1k``, ``*_1500``: 1000 or 1500 steps instead of 500, for variants that leave the loss
+  plateau late (``m1_*_1k`` and ``*_1500`` runs resumed from their 500-step run's
+  checkpoint: the same seed, data and constant schedule, so the first 500 steps are that
+  run's).
 * ``mamba``: Mamba-1 itself, the positive control at the same budget.
 
 Each run keeps a checkpoint every ``--eval-every`` steps; each is tested on the sparse task
 at the training length (``--test-examples`` sequences), which gives a learning curve per
-hypothesis. Writes ``<out>/mamba2_induction_probe.json``.
+hypothesis. Two measurements explain the curves: ``init_memory`` (per variant, at init: the
+share of channels that still hold a tenth of a token 128 steps later) and
+``state_ablation`` (a trained Mamba-1 with some state dimensions never written: which ones
+it answers from). Writes ``<out>/mamba2_induction_probe.json``.
 
     python experiments/probe_mamba2_induction.py                    # every variant
     python experiments/probe_mamba2_induction.py --variants slow_decay,mamba --steps 400
@@ -97,6 +107,18 @@ VARIANTS = {
     "m2_as_m1_h2_1k": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True,
                        _M2 + "bc_from_conv": True, _M2 + "norm": False,
                        _M2 + "a_init_range": (1 / 32, 0.5), "train.steps": 1000},
+    # Block or delay: Mamba-1 with one Mamba-2 property, trained longer (the first 500
+    # steps are the 500-step run's: the same seed, data and constant schedule).
+    "m1_scalar_a_1500": {"model.mixer": "mamba", _M1 + "scalar_a": True, "train.steps": 1500},
+    "m1_dt_input_1k": {"model.mixer": "mamba", _M1 + "dt_from_input": True,
+                       "train.steps": 1000},
+    # scalar_a's initialisation (the same draws) without its sharing: A learned per (channel,
+    # state dimension). Learns -> the sharing blocks; stays -> the initialisation does.
+    "m1_equal_a": {"model.mixer": "mamba", _M1 + "equal_a_init": True, "train.steps": 1000},
+    # scalar_a with every channel's A at most Mamba-1's slowest (A in [1/16, 1]): Mamba-1's
+    # side of m2_as_m1 (head dimension 1, slow decay) at a third of its cost.
+    "m1_scalar_a_slow": {"model.mixer": "mamba", _M1 + "scalar_a": True,
+                         _M1 + "a_init_scale": 1 / 16, "train.steps": 1000},
 }
 FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=500,
             eval_every=100, test_examples=128)
@@ -106,12 +128,12 @@ SMOKE = dict(seq_len=32, batch=8, d_model=32, lr=3e-3, short_conv=3, steps=20,
 
 def sized(overrides: dict, size: dict) -> dict:
   """``overrides`` fitted to ``size``: head dimension 1 stays 1 (``num_heads = d_inner``) and
-  a longer run stays twice the size's steps (so ``--smoke`` stays tiny)."""
+  a longer run keeps its multiple of the full size's steps (so ``--smoke`` stays tiny)."""
   o = dict(overrides)
   if o.get("model.num_heads") == 128:
     o["model.num_heads"] = 2 * size["d_model"]
   if "train.steps" in o:
-    o["train.steps"] = 2 * size["steps"]
+    o["train.steps"] = o["train.steps"] * size["steps"] // FULL["steps"]
   return o
 
 
@@ -191,6 +213,113 @@ def context_test(workdir: str, examples: int = 128, max_k: int = 3) -> dict:
   return out
 
 
+def _sparse_rows(config, examples: int):
+  """``examples`` sparse test rows at the training length and their answers."""
+  import numpy as np
+
+  from linear_attention import data
+
+  ds = data.make_dataset({**config.data.to_dict(), "dense": False, "batch_size": examples})
+  batch = next(iter(ds.eval_batches("test", 1)))
+  return np.asarray(batch["inputs"]), np.asarray(batch["targets"])[:, -1]
+
+
+def state_ablation(workdir: str, examples: int = 128, dims=(1, 4)) -> dict:
+  """Which state dimensions a trained Mamba-1 answers with: the sparse test with, in one
+  layer at a time, the state dimensions ``n < k`` (the slowest: Mamba-1's ``A_n`` starts at
+  ``n + 1``) or ``n >= k`` never written (their ``B`` columns zeroed), for ``k`` in ``dims``.
+
+  Returns:
+    ``{"step", "examples", "full", "layer<i>_only_n<k>", "layer<i>_without_n<k>", ...,
+    "a_mean_by_n": {"layer<i>": [mean over channels of the trained A_n, n = 0..N-1]}}``.
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from linear_attention.train import results
+
+  model, config, step = results.load_model(workdir)
+  tokens, answer = _sparse_rows(config, examples)
+  t = tokens.shape[1]
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def last_logits(state, x):
+    return nnx.merge(graphdef, state)(x, positions=jnp.full((x.shape[0], 1), t - 1))[:, 0]
+
+  def acc(state):
+    return float(np.mean(np.argmax(np.asarray(last_logits(state, jnp.asarray(tokens))), -1)
+                         == answer))
+
+  blocks = model.backbone.blocks
+  out = {"step": step, "examples": int(tokens.shape[0]), "full": acc(state), "a_mean_by_n": {}}
+  for i, block in enumerate(blocks):
+    m = block.mixer
+    r = 0 if m.dt_from_input else m.dt_rank
+    kernel = m.x_proj.kernel[...]
+    n = m.d_state
+    out["a_mean_by_n"][f"layer{i}"] = [float(v) for v in
+                                       np.mean(-np.asarray(m._params()[0]), axis=0)]
+    for k in dims:
+      for name, cut in ((f"only_n<{k}", np.arange(n) >= k), (f"without_n<{k}", np.arange(n) < k)):
+        keep = jnp.asarray(np.concatenate([np.ones(r), 1.0 - cut, np.ones(n)]), kernel.dtype)
+        m.x_proj.kernel.set_value(kernel * keep)  # B's columns of the cut dimensions: 0
+        out[f"layer{i}_{name}"] = acc(nnx.split(model)[1])
+      m.x_proj.kernel.set_value(kernel)
+  return out
+
+
+def decay_stats(workdir: str, step: int) -> dict:
+  """A trained Mamba-1's ``A`` at ``step``, per layer: does training move it towards the slow
+  decays that Mamba-1 starts with (every channel has an ``A_n = 1``)?
+
+  Returns:
+    ``{"step", "layer<i>": {"mean_a", "slow_share" (channels whose smallest A_n < 2),
+    "spread" (mean over channels of max_n A_n - min_n A_n)}}``.
+  """
+  import numpy as np
+
+  from linear_attention.train import results
+
+  model, _, step = results.load_model(workdir, step)
+  out = {"step": step}
+  for i, block in enumerate(model.backbone.blocks):
+    a = -np.asarray(block.mixer._params()[0])  # [d_inner, N], scalar_a broadcast
+    out[f"layer{i}"] = {"mean_a": float(a.mean()), "slow_share": float(np.mean(a.min(-1) < 2)),
+                        "spread": float(np.mean(a.max(-1) - a.min(-1)))}
+  return out
+
+
+def init_memory(overrides: dict, size: dict, distance: int = 128, seed: int = 0) -> dict:
+  """How much of a token the initialised first layer still holds ``distance`` tokens later,
+  per channel at its bias ``dt`` (``softplus(dt_bias)``, the input-dependent part left
+  out): ``exp(-min_n A_n dt distance)`` for the slowest state dimension of each channel
+  (Mamba-1; a head's ``A`` and ``dt`` for Mamba-2).
+
+  Returns:
+    ``{"distance", "median", "frac_above_0.1"}`` over the channels (heads for Mamba-2).
+  """
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from linear_attention import nn as lnn
+
+  mixer = overrides["model.mixer"]
+  prefix = f"model.mixer_kwargs.{mixer}."
+  kw = {k[len(prefix):]: v for k, v in overrides.items() if k.startswith(prefix)}
+  heads = overrides.get("model.num_heads", 2)
+  layer = lnn.make_mixer(mixer, size["d_model"], heads, rngs=nnx.Rngs(seed), **kw)
+  a = np.exp(np.asarray(layer.A_log[...]))
+  a_min = a.min(axis=-1) if a.ndim == 2 else a
+  dt = np.asarray(jax.nn.softplus(layer.dt_bias[...]))
+  keep = np.exp(-a_min * dt * distance)
+  return {"distance": distance, "median": float(np.median(keep)),
+          "frac_above_0.1": float(np.mean(keep > 0.1))}
+
+
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "synthetic")
@@ -203,6 +332,9 @@ def main() -> int:
   p.add_argument("--context-test", default="mamba,slow_decay_1k,m1_scalar_a",
                  help="variants whose final model is tested with the token before the second "
                       "trigger repeated (see context_test; cached in the run directory)")
+  p.add_argument("--ablate-state", default="mamba",
+                 help="Mamba-1 variants whose final model is tested with some state dimensions "
+                      "never written (see state_ablation; cached in the run directory)")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.steps:
@@ -254,6 +386,16 @@ def main() -> int:
       ctx_path = os.path.join(r["workdir"], "context_test.json")
       r["context_test"] = su.read_json(ctx_path) or context_test(r["workdir"])
       su.write_json(ctx_path, r["context_test"])
+    if name in args.ablate_state.split(",") and r["overrides"]["model.mixer"] == "mamba":
+      abl_path = os.path.join(r["workdir"], "state_ablation.json")
+      r["state_ablation"] = su.read_json(abl_path) or state_ablation(
+          r["workdir"], size["test_examples"])
+      su.write_json(abl_path, r["state_ablation"])
+    if r["overrides"]["model.mixer"] == "mamba" and curve:
+      a_path = os.path.join(r["workdir"], "decay_stats.json")
+      r["decay_stats"] = su.read_json(a_path) or [
+          decay_stats(r["workdir"], c["step"]) for c in (curve[0], curve[-1])]
+      su.write_json(a_path, r["decay_stats"])
     if name in args.check_forms.split(","):
       check_path = os.path.join(r["workdir"], "forms_agree.json")
       r["forms_agree"] = su.read_json(check_path) or forms_agree(r["workdir"])
@@ -262,7 +404,9 @@ def main() -> int:
                                               for c in curve), flush=True)
     r["workdir"] = su.relative_path(r["workdir"])
 
+  memory = {n: init_memory(pt, size) for n, pt in zip(names, points)}
   table = [{"variant": r["variant"], "mixer": r["overrides"]["model.mixer"],
+            "init_memory": memory[r["variant"]]["frac_above_0.1"],
             "dense_val": r["metrics"].get("validation_accuracy"),
             "sparse_test": r["sparse_test_curve"][-1]["accuracy"] if r.get("sparse_test_curve")
             else None,
@@ -271,11 +415,12 @@ def main() -> int:
            for r in rows if r["status"] == "done"]
   out = {"study": "mamba2_induction_probe", "config": {"smoke": args.smoke, **size,
                                                       "variants": dict(zip(names, points))},
-         "chance": 1 / 15, "elapsed_s": time.time() - t0,
+         "chance": 1 / 15, "init_memory": memory, "elapsed_s": time.time() - t0,
          "environment": su.environment(shared_machine=True), "table": table, "runs": rows}
   os.makedirs(args.out, exist_ok=True)
   su.write_json(os.path.join(args.out, "mamba2_induction_probe.json"), out)
   print(su.format_table(table, [("variant", "variant", "{}"), ("mixer", "mixer", "{}"),
+                                ("init_memory", "init mem", "{:.2f}"),
                                 ("dense_val", "dense val", "{:.3f}"),
                                 ("sparse_test", "sparse test", "{:.3f}"),
                                 ("sparse_se", "se", "{:.3f}"), ("steps", "steps", "{}")]))

@@ -486,6 +486,27 @@ def test_mamba2_induction_probe_row(tmp_path):
   row = claims._mamba2_probe_row(pr, None)
   assert "(dense val >= 0.105) yet stays below 0.5 on the sparse test: slow_decay_1k " \
       "(dense val 0.111)" in row["reason"] and "no_norm (dense" not in row["reason"]
+  # The explanation: when each Mamba-1 run leaves chance (a longer run shown instead of its
+  # prefix), the trained Mamba-1's state ablation, and the memory at init.
+  pr = probe(mamba=0.99, m1_scalar_a=0.07, m1_scalar_a_1500=0.3, m1_dt_input=0.03)
+  pr["runs"][2]["sparse_test_curve"].append({"step": 1500, "accuracy": 0.3})
+  pr["runs"][2]["sparse_test_curve"][1]["accuracy"] = 0.1
+  pr["runs"][0]["state_ablation"] = {"step": 500, "examples": 128, "full": 0.9,
+                                     "layer1_only_n<4": 0.88, "layer1_without_n<4": 0.3}
+  pr["init_memory"] = {v: {"distance": 128, "frac_above_0.1": f}
+                       for v, f in (("mamba", 0.66), ("m1_scalar_a", 0.22))}
+  pr["runs"][2]["decay_stats"] = [{"step": 100, "layer0": {"slow_share": 0.5},
+                                    "layer1": {"slow_share": 0.05}},
+                                   {"step": 1500, "layer0": {"slow_share": 0.5},
+                                    "layer1": {"slow_share": 0.07}}]
+  reason = claims._mamba2_probe_row(pr, None)["reason"]
+  assert "some A_n < 2 during training: m1_scalar_a_1500 0.05 -> 0.07 (steps 100 -> 1500)" \
+      in reason
+  assert ("Mamba-1 leaves chance (>= 0.2 on the sparse test) from step 200; given a change: "
+          "m1_scalar_a_1500 from step 1500 (7.5x); m1_dt_input not within 200 steps") in reason
+  assert "with only its 4 slowest state dimensions (A_n about n+1, n < 4) written per layer: " \
+      "layer1 0.880; with all but those: layer1 0.300" in reason
+  assert "bias dt: mamba 0.66;" in reason and "m1_scalar_a 0.22" not in reason
   # load() attaches the probe file to the synthetic result.
   (tmp_path / "synthetic").mkdir()
   (tmp_path / "synthetic" / "synthetic.json").write_text(json.dumps({"x": 1}))

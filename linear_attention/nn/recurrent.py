@@ -42,6 +42,9 @@ class Mamba(mixer.Mixer):
       per head), drawn uniform in ``a_init_scale * [1, N]``; the parameter is ``[d_inner]``.
     dt_from_input: ``dt``'s rank-``dt_rank`` input is projected from the layer input ``u``
       (before the conv), as Mamba-2 does, instead of from the conv'd ``x``.
+    equal_a_init: ``A`` starts as ``scalar_a`` starts (one draw per channel, the same
+      values for the same seed) but stays ``[d_inner, N]``, learned per state dimension:
+      ``scalar_a``'s initialisation without its sharing.
   """
 
   context_parallel = True
@@ -49,9 +52,12 @@ class Mamba(mixer.Mixer):
   def __init__(self, d_model: int, num_heads: int = 1, *, d_state: int = 16, expand: int = 2,
                conv_width: int = 4, dt_rank: int | None = None, dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4, a_init_scale: float = 1.0,
-               scalar_a: bool = False, dt_from_input: bool = False,
+               scalar_a: bool = False, dt_from_input: bool = False, equal_a_init: bool = False,
                chunk_size: int = 64, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     del num_heads
+    if scalar_a and equal_a_init:
+      raise ValueError("equal_a_init needs scalar_a=False (scalar_a's A is one value per "
+                       f"channel already), got scalar_a={scalar_a}, equal_a_init={equal_a_init}.")
     modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
                              a_init_scale=a_init_scale)
     d_inner = expand * d_model
@@ -68,9 +74,11 @@ class Mamba(mixer.Mixer):
         2 * dt_rank**-0.5), **kw)
     self.dt_bias = modules.param(
         modules.dt_bias_init(rngs.params(), (d_inner,), dt_min, dt_max, dt_init_floor), param_dtype)
-    if scalar_a:
+    if scalar_a or equal_a_init:
       a = a_init_scale * jax.random.uniform(rngs.params(), (d_inner,), minval=1.0,
                                             maxval=float(d_state))
+      if equal_a_init:
+        a = jnp.broadcast_to(a[:, None], (d_inner, d_state))
     else:
       a = jnp.broadcast_to(a_init_scale * jnp.arange(1, d_state + 1, dtype=jnp.float32),
                            (d_inner, d_state))

@@ -1,6 +1,7 @@
 """The Mamba-1 / Mamba-2 ablation options of issue 30 (the induction-heads probe).
 
-Mamba-2: ``dt_from_conv``, ``bc_from_conv``; Mamba-1: ``scalar_a``, ``dt_from_input``. Each:
+Mamba-2: ``dt_from_conv``, ``bc_from_conv``; Mamba-1: ``scalar_a``, ``dt_from_input``,
+``equal_a_init``. Each:
 default-preserving (same parameters when off), changes the output when on, decodes as it
 trains, isolates packed segments, and has finite gradients. The two layouts meet: Mamba-2
 with head dimension 1, ``dt_from_conv``, ``bc_from_conv`` and no norm computes Mamba-1 with
@@ -24,7 +25,8 @@ B, T, D, H, N = 2, 13, 16, 2, 4
 OPTIONS = [("mamba2", dict(dt_from_conv=True)), ("mamba2", dict(bc_from_conv=True)),
            ("mamba2", dict(dt_from_conv=True, bc_from_conv=True, norm=False)),
            ("mamba", dict(scalar_a=True)), ("mamba", dict(dt_from_input=True)),
-           ("mamba", dict(scalar_a=True, dt_from_input=True))]
+           ("mamba", dict(scalar_a=True, dt_from_input=True)),
+           ("mamba", dict(equal_a_init=True))]
 
 
 def _layer(name, heads=H, seed=0, **kw):
@@ -73,7 +75,7 @@ def test_option_isolates_segments_and_has_gradients(name, kw):
 def test_defaults_are_unchanged():
   """Off, the options add no parameter and leave the draws alone (existing runs stay valid)."""
   for name, kw in (("mamba2", dict(dt_from_conv=False, bc_from_conv=False)),
-                   ("mamba", dict(scalar_a=False, dt_from_input=False))):
+                   ("mamba", dict(scalar_a=False, dt_from_input=False, equal_a_init=False))):
     a = nnx.state(_layer(name), nnx.Param)
     b = nnx.state(_layer(name, **kw), nnx.Param)
     assert jax.tree.structure(a) == jax.tree.structure(b)
@@ -90,6 +92,23 @@ def test_scalar_a_is_one_decay_per_channel_in_range():
   full, _, _ = layer._params()
   assert full.shape == (layer.d_inner, N)
   np.testing.assert_array_equal(full[:, 0], full[:, -1])
+
+
+def test_equal_a_init_starts_as_scalar_a_and_learns_per_state_dimension():
+  """Same seed: the same function as ``scalar_a`` at init (every parameter equal, ``A``
+  broadcast over ``N``), but ``A``'s gradient differs across the state dimensions, which
+  ``scalar_a`` sums into one."""
+  eq, sc = _layer("mamba", equal_a_init=True), _layer("mamba", scalar_a=True)
+  a_eq, a_sc = np.asarray(eq.A_log[...]), np.asarray(sc.A_log[...])
+  assert a_eq.shape == (eq.d_inner, N)
+  np.testing.assert_array_equal(a_eq, np.broadcast_to(a_sc[:, None], a_eq.shape))
+  x = _x()
+  np.testing.assert_array_equal(eq(x), sc(x))
+  graphdef, params, rest = nnx.split(eq, nnx.Param, ...)
+  g = jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2))(params)["A_log"][...]
+  assert float(jnp.max(jnp.abs(g[:, 0] - g[:, -1]))) > 0
+  with pytest.raises(ValueError, match="equal_a_init"):
+    _layer("mamba", scalar_a=True, equal_a_init=True)
 
 
 def test_dt_from_input_reads_the_layer_input():
