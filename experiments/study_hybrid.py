@@ -40,7 +40,7 @@ import study_mqar  # noqa: E402
 # the recall study's two-layer softmax solves this setting (0.995 at 500 steps). The LM trains
 # half the LM study's steps for the same reason.
 FULL = dict(num_layers=4, num_heads=2,
-            mqar=dict(patterns=("SSSA", "SSSS", "AAAA"), d_model=64, seq_len=128, num_kv_pairs=8,
+            mqar=dict(patterns=("SSSA", "ASSS", "SSSS", "AAAA"), d_model=64, seq_len=128, num_kv_pairs=8,
                       vocab=8192, batch=64, steps=500, lr=3e-3, eval_every=100, eval_batches=2,
                       short_conv=3, early_stop=0.99, reference_mlp_ratio=2.0, test_queries=2048,
                       eval_batch_size=64),
@@ -62,6 +62,68 @@ def points(size: dict, task: str, vocab: int) -> list[dict]:
   return [{"model.pattern": p, "model.mlp_ratio": models.matched_mlp_ratio(
       vocab, t["d_model"], size["num_layers"], pattern=p, num_heads=size["num_heads"],
       reference_mlp_ratio=t["reference_mlp_ratio"])} for p in t["patterns"]]
+
+
+def value_slot_mass(probs, inputs, mask, num_pairs: int):
+  """Where MQAR's query positions attend: the mean attention weight on the queried key's value
+  slot, per head.
+
+  A one-layer lookup (a short convolution puts the previous token, the key, into the value
+  slot's features; the query matches it) puts its weight there; uniform attention puts about
+  ``1 / t`` there.
+
+  Args:
+    probs: attention weights ``[B, H, T, T]`` (rows sum to 1).
+    inputs: the tokens ``[B, T]``; the pairs ``k_1 v_1 ... k_N v_N`` open every row.
+    mask: ``[B, T]``, 1 at the query positions.
+    num_pairs: ``N``.
+
+  Returns:
+    ``[H]`` numpy floats.
+  """
+  import numpy as np
+  probs, inputs, mask = np.asarray(probs), np.asarray(inputs), np.asarray(mask)
+  rows, cols = np.nonzero(mask)
+  if rows.size == 0:
+    raise ValueError(f"mask has no query position (shape {mask.shape}).")
+  keys = inputs[rows, :2 * num_pairs:2]  # [Q, N]: each query's row's keys
+  which = np.argmax(keys == inputs[rows, cols][:, None], axis=1)
+  return probs[rows, :, cols, 2 * which + 1].mean(axis=0)
+
+
+def value_slot_attention(workdir: str, batches: int = 2) -> list[float | None]:
+  """Per layer of a trained MQAR run (None where the mixer is not softmax): its best head's
+  mean attention weight from a query to the queried key's value slot (``value_slot_mass``),
+  on ``batches`` test batches. Reads the blocks' parts as ``Block.__call__`` chains them."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from linear_attention import data
+  from linear_attention.nn import modules
+  from linear_attention.train import results
+  model, config, _ = results.load_model(workdir)
+  ds = data.make_dataset(config.data)
+  per_layer = []
+  for i in range(batches):
+    bt = ds.batch(i, "test")
+    x = model.backbone.embed(jnp.asarray(bt["inputs"]))
+    masses = []
+    for blk in model.backbone.blocks:
+      h = blk.mixer_norm(x)
+      h = h if blk.pre_conv is None else blk.pre_conv(h)
+      if blk.mixer_name == "softmax":
+        b, t, _ = h.shape
+        q, k, _ = blk.mixer._qkv(h, modules.positions_of(b, t, None))
+        s = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
+        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+        masses.append(value_slot_mass(jax.nn.softmax(s, -1), bt["inputs"], bt["mask"],
+                                      config.data.num_kv_pairs))
+      else:
+        masses.append(None)
+      x = blk._mlp(x + blk.mixer(h))
+    per_layer.append(masses)
+  return [None if m[0] is None else float(np.max(np.mean(m, axis=0)))
+          for m in zip(*per_layer)]
 
 
 def mqar_rows(size: dict, args) -> list[dict]:
@@ -104,6 +166,7 @@ def mqar_rows(size: dict, args) -> list[dict]:
     r.update(score=res["accuracy"], se=su.binomial_se(res["accuracy"], n), test_items=n,
              state_floats=study_mqar.state_floats(r["workdir"], m["seq_len"]),
              steps_run=stopped_at or r["metrics"]["step"], stopped_at=stopped_at,
+             value_slot_attention=value_slot_attention(r["workdir"]),
              num_params=(r.get("metrics") or {}).get("num_params") or models.count_params(
                  results.load_model(r["workdir"])[0]))
   return rows
@@ -161,7 +224,8 @@ def main() -> int:
                   "metric": "test accuracy" if r["task"] == "mqar" else "val bits/byte",
                   "score": r["score"], "se": r.get("se"), "test_items": r["test_items"],
                   "num_params": r.get("num_params"), "steps_run": r["steps_run"],
-                  "stopped_at": r.get("stopped_at"), "state_floats": r.get("state_floats")})
+                  "stopped_at": r.get("stopped_at"), "state_floats": r.get("state_floats"),
+                  "value_slot_attention": r.get("value_slot_attention")})
     r["workdir"] = su.relative_path(r["workdir"])
   out = {"study": "hybrid", "config": {"smoke": args.smoke, **size, "tasks": tasks},
          "elapsed_s": time.time() - t0,
