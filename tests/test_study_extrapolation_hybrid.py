@@ -128,3 +128,22 @@ def test_value_slot_mass_reads_the_queried_keys_value_slot():
   np.testing.assert_allclose(hy.value_slot_mass(probs, inputs, mask, 2), [1.0, 0.5])
   with pytest.raises(ValueError, match="mask"):
     hy.value_slot_mass(probs, inputs, np.zeros_like(mask), 2)
+
+
+def test_hybrid_diagnosis_trains_the_study_run_on_with_only_its_length_changed():
+  # SSSA_1000 resumes the study's SSSA checkpoint: any other changed field would either be
+  # refused by the trainer (parameters, optimiser, data) or make the curve not the study's.
+  hy = helpers.load_experiment("study_hybrid")
+  diag = helpers.load_experiment("hybrid_diagnosis")
+
+  def fields(cmd):
+    return dict(a[len("--config."):].split("=", 1) for a in cmd if a.startswith("--config."))
+
+  study = fields(hy.mqar_flags(hy.FULL, hy.FULL["mqar"]["steps"]))
+  study.update({"model.pattern": "SSSA", "model.mlp_ratio": str(hy.points(
+      hy.FULL, "mqar", hy.FULL["mqar"]["vocab"])[0]["model.mlp_ratio"])})
+  assert hy.FULL["mqar"]["patterns"][0] == "SSSA"
+  ours = fields(diag.command("SSSA_1000", "/tmp/x"))
+  changed = {k for k in study.keys() | ours.keys() if study.get(k) != ours.get(k)}
+  assert changed == {"train.steps", "train.checkpoint_every"}, changed
+  assert int(ours["train.steps"]) > int(study["train.steps"])
