@@ -127,6 +127,7 @@ def value_slot_attention(workdir: str, batches: int = 2) -> list[float | None]:
       if blk.mixer_name == "softmax":
         b, t, _ = h.shape
         q, k, _ = blk.mixer._qkv(h, modules.positions_of(b, t, None))
+        k = modules.repeat_kv(k, blk.mixer.groups)
         s = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
         s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
         masses.append(value_slot_mass(jax.nn.softmax(s, -1), bt["inputs"], bt["mask"],
