@@ -16,6 +16,13 @@ formed). Hypotheses and their runs:
 * the attention layer's place: first, where it reads the embeddings (``study_hybrid.py``'s
   ``ASSS`` point), against last.
 
+Found (``diagnosis.json``; the study's table has ``ASSS``): the place decides. One softmax
+layer alone solves the task (0.97 at step 300) and ``ASSS`` learns as fast as ``AAAA``, whose
+first layer does the lookup; ``SSSA``'s last layer never forms it in 1000 steps (its attention
+on the queried value slot stays near 0.10, about one eighth: the value slots, not the one
+queried), and its accuracy creeps to about 0.1. Neither the Mamba-2 output scale nor Mamba-2
+itself is the cause as far as the shorter runs reach.
+
 Runs were stopped by hand once they had answered (the time on the shared cores was the
 budget); each is reported at its newest checkpoint with ``stopped_at``.
 
