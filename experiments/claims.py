@@ -147,9 +147,10 @@ against the last bucket inside it (positions L/2 to L), with its SE over windows
 Hybrids (``study_hybrid.py``), rows classed by their pattern (only ``A``: softmax; one
 recurrent letter: recurrent; mixed with ``A``: hybrid):
 
-* recall (MQAR): the hybrid significantly above the pure recurrent model and solved
-  (>= ``SOLVED``) or not significantly below pure softmax: reproduced; significantly above
-  the recurrent model only: reproduced in shape; else not reproduced.
+* recall (MQAR), judged on the best hybrid (the reason gives the others' verdicts): the
+  hybrid significantly above the pure recurrent model and solved (>= ``SOLVED``) or not
+  significantly below pure softmax: reproduced; significantly above the recurrent model
+  only: reproduced in shape; else not reproduced.
 * language modelling: the hybrid's bits per byte at or below both pure models': reproduced;
   within ``CLOSE_BPB`` of the better: reproduced in shape; else not reproduced (one seed).
 
@@ -1250,9 +1251,9 @@ HYBRID_CLAIMS = {
 
 
 def _kinds(table: list[dict], task: str) -> dict:
-  """``{"softmax", "recurrent", "hybrid"}`` -> the task's row of that kind (patterns of only
-  softmax letters, of one recurrent letter, or mixed with softmax)."""
-  out = {}
+  """``{"softmax", "recurrent", "hybrid"}`` -> the task's rows of that kind, in table order
+  (patterns of only softmax letters, of one recurrent letter, or mixed with softmax)."""
+  out: dict[str, list] = {}
   for r in table:
     if r["task"] != task:
       continue
@@ -1260,12 +1261,29 @@ def _kinds(table: list[dict], task: str) -> dict:
     kind = ("softmax" if letters == {"A"} else "hybrid" if "A" in letters
             else "recurrent" if len(letters) == 1 else None)
     if kind:
-      out[kind] = r
+      out.setdefault(kind, []).append(r)
   return out
 
 
+def _recall_verdict(h: dict, rec: dict, sm: dict | None) -> tuple[str, str]:
+  """The recall rule for one hybrid row against the pure recurrent (and softmax) rows."""
+  up = significant(h["score"] - rec["score"], diff_se(h["se"], rec["se"]))
+  # without a pure softmax model, only "solved" counts
+  near = sm is not None and not significant(sm["score"] - h["score"], diff_se(sm["se"], h["se"]))
+  if up and (h["score"] >= SOLVED or near):
+    return REPRODUCED, (f"hybrid significantly above the pure recurrent model and solved "
+                        f"(>= {SOLVED}) or not significantly below softmax")
+  if up:
+    return IN_SHAPE, "hybrid significantly above the pure recurrent model, below softmax"
+  return NOT_REPRODUCED, "hybrid not significantly above the pure recurrent model"
+
+
 def hybrid_claims(result: dict) -> list[dict]:
-  """Claim rows of the hybrid study (``experiments/study_hybrid.py``)."""
+  """Claim rows of the hybrid study (``experiments/study_hybrid.py``).
+
+  Recall is judged on the best hybrid (where the attention layer sits is part of the
+  design, as the learning rate is in the recall study); the reason names it and gives every
+  other hybrid's verdict beside it."""
   table = result.get("table") or []
   _need(all(k in r for r in table for k in ("task", "pattern", "score", "se")),
         "hybrid table rows lack task/pattern/score/se")
@@ -1276,24 +1294,22 @@ def hybrid_claims(result: dict) -> list[dict]:
   claim, source, published = HYBRID_CLAIMS["recall"]
   budget = (f"budget: at most {cfg['mqar']['batch'] * cfg['mqar']['steps']:,} MQAR examples "
             f"(T={cfg['mqar']['seq_len']}, {cfg['mqar']['num_kv_pairs']} pairs), "
-            f"{cfg['num_layers']} layers at equal parameters; 1 seed")
+            f"{cfg['num_layers']} layers at equal parameters; 1 seed"
+            + (f"; papers: {result['budget']['paper']}" if result.get("budget", {}).get("paper")
+               else ""))
   text = "; ".join(f"{k} {r['pattern']} {_acc(r['score'], r['se'], r['test_items'])} after "
-                   f"{r.get('steps_run')} steps" for k, r in mq.items()) or "-"
+                   f"{r.get('steps_run')} steps" for k, rs in mq.items() for r in rs) or "-"
   if not {"hybrid", "recurrent"} <= set(mq):
     rows.append(_row(study, claim, source, published, text, NOT_MEASURED,
                      f"needs the hybrid and the pure recurrent model; {budget}"))
   else:
-    h, rec = mq["hybrid"], mq["recurrent"]
-    up = significant(h["score"] - rec["score"], diff_se(h["se"], rec["se"]))
-    sm = mq.get("softmax")  # without a pure softmax model, only "solved" counts
-    near = sm is not None and not significant(sm["score"] - h["score"], diff_se(sm["se"], h["se"]))
-    if up and (h["score"] >= SOLVED or near):
-      v, why = REPRODUCED, (f"hybrid significantly above the pure recurrent model and solved "
-                            f"(>= {SOLVED}) or not significantly below softmax")
-    elif up:
-      v, why = IN_SHAPE, "hybrid significantly above the pure recurrent model, below softmax"
-    else:
-      v, why = NOT_REPRODUCED, "hybrid not significantly above the pure recurrent model"
+    rec, sm = mq["recurrent"][0], (mq.get("softmax") or [None])[0]
+    best = max(mq["hybrid"], key=lambda r: r["score"])
+    v, why = _recall_verdict(best, rec, sm)
+    others = [f"{r['pattern']}: {_recall_verdict(r, rec, sm)[0]}" for r in mq["hybrid"]
+              if r is not best]
+    if others:
+      why = f"{best['pattern']}: {why} (" + "; ".join(others) + ")"
     rows.append(_row(study, claim, source, published, text, v, f"{why}; {budget}"))
   lm = _kinds(table, "lm")
   claim, source, published = HYBRID_CLAIMS["lm"]
@@ -1303,6 +1319,7 @@ def hybrid_claims(result: dict) -> list[dict]:
     rows.append(_row(study, claim, source, published, "-", NOT_MEASURED,
                      f"needs the hybrid and both pure models; {budget}"))
   else:
+    lm = {k: rs[0] for k, rs in lm.items()}
     text = "; ".join(f"{k} {r['pattern']} {r['score']:.3f} bits/byte" for k, r in lm.items())
     best_pure = min(lm["softmax"]["score"], lm["recurrent"]["score"])
     if lm["hybrid"]["score"] <= best_pure:

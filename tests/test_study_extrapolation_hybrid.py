@@ -97,3 +97,53 @@ def test_hybrid_recall_without_a_softmax_model_needs_the_task_solved():
   assert rows[0]["verdict"] == claims.IN_SHAPE
   rows = claims.hybrid_claims(_hybrid_result({"SSSS": (0.10, 0.01), "SSSA": (0.96, 0.004)}, lm))
   assert rows[0]["verdict"] == claims.REPRODUCED
+
+
+def test_hybrid_recall_is_judged_on_the_best_hybrid_and_names_the_others():
+  lm = {"SSSS": 2.2, "SSSA": 2.1, "AAAA": 2.5}
+  rows = claims.hybrid_claims(_hybrid_result(
+      {"SSSA": (0.03, 0.004), "ASSS": (0.99, 0.002), "SSSS": (0.02, 0.003),
+       "AAAA": (0.99, 0.002)}, lm))
+  assert rows[0]["verdict"] == claims.REPRODUCED
+  assert rows[0]["reason"].startswith("ASSS: ")
+  assert f"SSSA: {claims.NOT_REPRODUCED}" in rows[0]["reason"]
+  for p in ("SSSA", "ASSS", "SSSS", "AAAA"):
+    assert p in rows[0]["ours"]
+
+
+def test_value_slot_mass_reads_the_queried_keys_value_slot():
+  hy = helpers.load_experiment("study_hybrid")
+  # one row, 2 pairs: k=5 v=9 k=6 v=7, then queries of 6 (position 5) and 5 (position 7)
+  inputs = np.array([[5, 9, 6, 7, 0, 6, 0, 5]])
+  mask = np.zeros((1, 8), np.float32)
+  mask[0, [5, 7]] = 1
+  probs = np.zeros((1, 2, 8, 8))
+  probs[0, 0, 5, 3] = 1.0  # head 0: the query of 6 looks at 6's value slot (3) ...
+  probs[0, 0, 7, 2] = 1.0  # ... the query of 5 at 6's key slot: wrong pair
+  probs[0, 1, 5, 3] = 0.5  # head 1: half on the right slot for both queries
+  probs[0, 1, 7, 1] = 0.5
+  np.testing.assert_allclose(hy.value_slot_mass(probs, inputs, mask, 2), [0.5, 0.5])
+  probs[0, 0, 7] = 0
+  probs[0, 0, 7, 1] = 1.0
+  np.testing.assert_allclose(hy.value_slot_mass(probs, inputs, mask, 2), [1.0, 0.5])
+  with pytest.raises(ValueError, match="mask"):
+    hy.value_slot_mass(probs, inputs, np.zeros_like(mask), 2)
+
+
+def test_hybrid_diagnosis_trains_the_study_run_on_with_only_its_length_changed():
+  # SSSA_1000 resumes the study's SSSA checkpoint: any other changed field would either be
+  # refused by the trainer (parameters, optimiser, data) or make the curve not the study's.
+  hy = helpers.load_experiment("study_hybrid")
+  diag = helpers.load_experiment("hybrid_diagnosis")
+
+  def fields(cmd):
+    return dict(a[len("--config."):].split("=", 1) for a in cmd if a.startswith("--config."))
+
+  study = fields(hy.mqar_flags(hy.FULL, hy.FULL["mqar"]["steps"]))
+  study.update({"model.pattern": "SSSA", "model.mlp_ratio": str(hy.points(
+      hy.FULL, "mqar", hy.FULL["mqar"]["vocab"])[0]["model.mlp_ratio"])})
+  assert hy.FULL["mqar"]["patterns"][0] == "SSSA"
+  ours = fields(diag.command("SSSA_1000", "/tmp/x"))
+  changed = {k for k in study.keys() | ours.keys() if study.get(k) != ours.get(k)}
+  assert changed == {"train.steps", "train.checkpoint_every"}, changed
+  assert int(ours["train.steps"]) > int(study["train.steps"])
