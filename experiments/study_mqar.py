@@ -220,17 +220,19 @@ def curve_at(curve: list[dict], step: int) -> dict | None:
   return max(before, key=lambda c: c["step"]) if before else None
 
 
-def same_step(run: dict, default: dict | None) -> dict | None:
+def same_step(run: dict, default: dict | None, queries: int | None = None) -> dict | None:
   """``run``'s validation accuracy beside ``default``'s at the same step: the newest step both
   curves reached (a run given fewer steps, or stopped part-way, is compared with the default
-  init where the default was at that point of its training, not at its end)."""
+  init where the default was at that point of its training, not at its end). ``queries``: the
+  validation queries behind each accuracy, recorded for its standard error."""
   if default is None or not run.get("validation_curve") or not default.get("validation_curve"):
     return None
   step = min(run["validation_curve"][-1]["step"], default["validation_curve"][-1]["step"])
   a, b = curve_at(run["validation_curve"], step), curve_at(default["validation_curve"], step)
   if a is None or b is None or a["step"] != b["step"]:
     return None
-  return {"step": a["step"], "accuracy": a["accuracy"], "default_accuracy": b["accuracy"]}
+  out = {"step": a["step"], "accuracy": a["accuracy"], "default_accuracy": b["accuracy"]}
+  return {**out, "queries": queries} if queries else out
 
 
 def best_table(rows: list[dict], size: dict) -> list[dict]:
@@ -274,7 +276,8 @@ def best_table(rows: list[dict], size: dict) -> list[dict]:
         # Each other init against the default init's best rate at the same training step
         # (validation accuracy): the equal-budget comparison.
         "same_step": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
-                      same_step(c, best_default) for c in cands
+                      same_step(c, best_default, size["eval_batches"] * size["batch"]
+                                * best["overrides"]["data.num_kv_pairs"]) for c in cands
                       if c.get("init", "default") != "default"}})
   return table
 

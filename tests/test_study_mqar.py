@@ -143,11 +143,12 @@ def test_same_step_compares_a_shorter_run_where_the_default_was_then():
   odd = _run("mamba2", 0.6, "slow", validation_curve=_curve(0.1, 0.5, 0.6, every=70))
   assert mqar.same_step(odd, default) is None
   assert mqar.same_step(slow, None) is None
-  row = next(r for r in mqar.best_table([default, slow], mqar.FULL))
+  row = next(r for r in mqar.best_table([default, slow], mqar.SMOKE))
   assert row["best_init"] == "slow" and row["stopped_at"] == 300
   assert row["init_stopped_at"] == {"slow@0.003": 300}
+  # Validation queries: 1 batch of 8 sequences with 4 pairs (SMOKE).
   assert row["same_step"] == {"slow@0.003": {"step": 300, "accuracy": 0.6,
-                                             "default_accuracy": 0.2}}
+                                             "default_accuracy": 0.2, "queries": 32}}
 
 
 def test_a_stopped_run_is_scored_at_its_newest_checkpoint(tmp_path):
