@@ -600,8 +600,9 @@ def _state_trend(rec: list[dict]):
 
 def _mqar_cuts(table: list[dict], runs: list[dict]) -> str:
   """What the MQAR grid cut from its configured size, as budget text: the learning rates
-  never trained at some points (with how the rate did where it was tried) and the init-sweep
-  points trained for fewer steps than the rest."""
+  never trained at some points (with how the rate did where it was tried), the init-sweep
+  points trained for fewer steps than the rest or stopped part-way, and the Mamba-family
+  points the init sweep left out (when it reached some)."""
   out = ""
   cut = [r["overrides"] for r in runs if r.get("status") == "not run"]
   for lr in sorted({o["optim.lr"] for o in cut}, reverse=True):
@@ -620,6 +621,12 @@ def _mqar_cuts(table: list[dict], runs: list[dict]) -> str:
     n = sum(1 for r in table if any(k.split("@")[0] == init and s == steps
                                     for k, s in (r.get("init_steps") or {}).items()))
     out += f"; {init} init trained {steps} of {full} steps at {n} point{'s' * (n != 1)}"
+  unswept = [f"{r['mixer']} T={r['seq_len']}, d={r['d_model']}" for r in table
+             if r["mixer"] in INIT_SWEPT and r.get("short_conv") and _inits(r) == {"default"}]
+  if unswept and len(unswept) < sum(r["mixer"] in INIT_SWEPT and bool(r.get("short_conv"))
+                                    for r in table):
+    out += (f"; decay init not swept at {len(unswept)} point{'s' * (len(unswept) != 1)} "
+            f"({', '.join(unswept)})")
   stopped = [(k.split("@")[0], r, s) for r in table
              for k, s in (r.get("init_stopped_at") or {}).items()]
   for init in sorted({i for i, _, _ in stopped}):

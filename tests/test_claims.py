@@ -443,6 +443,8 @@ def test_mqar_tuned_init_judged_with_the_default_beside():
   assert "(slow 0.850 in 500 steps, default 0.350)" in init["ours"]
   assert init["verdict"] == claims.NOT_REPRODUCED and "1/3" in init["reason"]
   assert "slow init trained 500 of 1000 steps at 1 point" in init["reason"]
+  # Mamba at d=128 has the default init only: a cut of the sweep, named.
+  assert "decay init not swept at 1 point (mamba T=64, d=128)" in init["reason"]
   m2 = by_claim(rows, "Mamba-2 recalls better")
   # Tuned: mamba2 0.850 - mamba 0.260 at d=128; the default inits beside: 0.350 - 0.260.
   assert "T=64, d=128 +0.590" in m2["ours"] and "default init +0.090" in m2["ours"]
