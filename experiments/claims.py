@@ -57,7 +57,10 @@ not softmax, with the short convolution:
   init other than the default, the best other init minus the default (negative
   where the default is better): significantly positive everywhere: reproduced;
   at more than half: reproduced in shape; else not reproduced; no such point:
-  not measured. An init trained for fewer steps than the default says so.
+  not measured. An init trained for fewer steps than the default says so; one
+  stopped part-way (scored at its newest checkpoint, ``stopped_at``) is judged
+  against the default init at the same step (validation accuracy, the table's
+  ``same_step``), and the reason names where it stopped.
 * Mamba-2 above Mamba (Mamba-2 paper, figure 8): mamba2 minus mamba at every
   point both have, each at its best init: significantly positive everywhere:
   reproduced; positive at most points: reproduced in shape; else not
@@ -66,7 +69,7 @@ not softmax, with the short convolution:
 
 Every MQAR claim is judged on the tuned points; the state-size claim shows the
 default init's figures beside, the gap claim whether a tuned init is the best
-recurrent model at any width. Points of the configured grid never
+recurrent model at any width (and then the default init's gap beside). Points of the configured grid never
 trained (``not run``: a learning rate left out for CPU time) are the budget,
 named in every reason with how that rate did where it was trained; runs that
 were started and did not finish mark the results partial.
@@ -424,6 +427,14 @@ def mqar_claims(result: dict) -> list[dict]:
                          == (m, t_max, d)).get("best_init", "default") != "default"]
     ours += (f"; a tuned init is the best recurrent at d={', '.join(map(str, tuned_top))}"
              if tuned_top else "; no tuned init is the best recurrent at any width")
+    if tuned_top:
+      d_gaps = []
+      for d, *_ in gaps:
+        s = next(r for r in soft if r["seq_len"] == t_max and r["d_model"] == d)
+        top = max((_default_init(r) for r in fixed if r["seq_len"] == t_max
+                   and r["d_model"] == d), key=lambda r: r["accuracy"])
+        d_gaps.append(f"d={d} {s['accuracy'] - top['accuracy']:+.3f} ({top['mixer']})")
+      ours += "; default init: " + "; ".join(d_gaps)
     if all(significant(g, se) for _, _, g, se in gaps):
       add("gap", ours, REPRODUCED, f"gap > {Z:g} SE at every width; {budget}")
     elif all(g > 0 for _, _, g, _ in gaps):
@@ -486,20 +497,31 @@ def mqar_claims(result: dict) -> list[dict]:
   else:
     # The best init other than the default against the default: the question is whether a
     # slower decay helps, so a point where it does not counts against it.
-    diffs = []
+    diffs, texts = [], []
     for r in swept:
       n = r["test_queries"]
       d_acc, other = r.get("default_init_accuracy"), _best_other_init(r)
       if d_acc is None or other is None:
         continue
-      d_se = r.get("default_init_se", binomial_se(d_acc, n))
-      diffs.append((r, other, other[1] - d_acc, diff_se(binomial_se(other[1], n), d_se), d_acc))
-    ours = "best other init - default: " + "; ".join(
-        f"{r['mixer']} {where(r)} {g:+.3f} ± {se:.3f} ({name} {acc:.3f}"
-        + (f" in {steps} steps" if steps and steps < (_default_steps(r) or steps) else "")
-        + f", default {d:.3f})"
-        for r, (name, acc, steps), g, se, d in diffs)
-    diffs = [(r, g, se, d) for r, _, g, se, d in diffs]
+      name, acc, steps, key = other
+      stopped = (r.get("init_stopped_at") or {}).get(key)
+      same = (r.get("same_step") or {}).get(key)
+      text = f"{name} {acc:.3f}"
+      if stopped and same:
+        # Stopped before the default's budget: judged against the default at the same step
+        # (validation accuracy), not against the default's final accuracy.
+        v = same.get("queries") or n
+        g, se = same["accuracy"] - same["default_accuracy"], diff_se(
+            binomial_se(same["accuracy"], v), binomial_se(same["default_accuracy"], v))
+        text += (f" stopped at step {stopped}; at step {same['step']} {same['accuracy']:.3f} vs "
+                 f"default {same['default_accuracy']:.3f} (validation, n={v:,})")
+      else:
+        g = acc - d_acc
+        se = diff_se(binomial_se(acc, n), r.get("default_init_se", binomial_se(d_acc, n)))
+        text += (f" in {steps} steps" if steps and steps < (_default_steps(r) or steps) else "")
+      diffs.append((r, g, se, d_acc))
+      texts.append(f"{r['mixer']} {where(r)} {g:+.3f} ± {se:.3f} ({text}, default {d_acc:.3f})")
+    ours = "best other init - default: " + "; ".join(texts)
     n_sig = sum(significant(g, se) for _, g, se, _ in diffs)
     if diffs and n_sig == len(diffs):
       add("init", ours, REPRODUCED, f"better by > {Z:g} SE at every point swept; {budget}")
@@ -527,9 +549,10 @@ def mqar_claims(result: dict) -> list[dict]:
       d2, d1 = _default_init(r2), _default_init(r1)
       return f"; default init {d2['accuracy'] - d1['accuracy']:+.3f}"
 
+    stop = lambda r: f" stopped at step {r['stopped_at']}" if r.get("stopped_at") else ""  # noqa: E731
     ours = "mamba2 - mamba: " + "; ".join(
         f"{where(r2)} {g:+.3f} ± {se:.3f} ({r2['accuracy']:.3f} {r2.get('best_init', 'default')}"
-        f" vs {r1['accuracy']:.3f} {r1.get('best_init', 'default')}"
+        f"{stop(r2)} vs {r1['accuracy']:.3f} {r1.get('best_init', 'default')}{stop(r1)}"
         + (default_gap(r2, r1) if len(_inits(r2)) > 1 or len(_inits(r1)) > 1 else "") + ")"
         for r2, r1, g, se in pairs2)
     note = ("default init only; " if not tuned else "" if both == len(pairs2) else
@@ -542,9 +565,10 @@ def mqar_claims(result: dict) -> list[dict]:
           f"{n_sig}/{len(pairs2)}; {budget}")
     else:
       add("mamba2", ours, NOT_REPRODUCED, f"{note}not above at most points; {budget}")
-  # Points the grid left out on purpose (``_mqar_cuts`` names them) are the budget, not an
-  # unfinished study.
-  return _finish(rows, result, [r for r in runs if r.get("status") != "not run"])
+  # Points the grid left out on purpose and runs stopped part-way but scored at their newest
+  # checkpoint (``_mqar_cuts`` names both) are the budget, not an unfinished study.
+  return _finish(rows, result, [r for r in runs if r.get("status") not in ("not run", "stopped")
+                                or (r.get("status") == "stopped" and "test_accuracy" not in r)])
 
 
 def _state_trend(rec: list[dict]):
@@ -577,8 +601,9 @@ def _state_trend(rec: list[dict]):
 
 def _mqar_cuts(table: list[dict], runs: list[dict]) -> str:
   """What the MQAR grid cut from its configured size, as budget text: the learning rates
-  never trained at some points (with how the rate did where it was tried) and the init-sweep
-  points trained for fewer steps than the rest."""
+  never trained at some points (with how the rate did where it was tried), the init-sweep
+  points trained for fewer steps than the rest or stopped part-way, and the Mamba-family
+  points the init sweep left out (when it reached some)."""
   out = ""
   cut = [r["overrides"] for r in runs if r.get("status") == "not run"]
   for lr in sorted({o["optim.lr"] for o in cut}, reverse=True):
@@ -597,6 +622,19 @@ def _mqar_cuts(table: list[dict], runs: list[dict]) -> str:
     n = sum(1 for r in table if any(k.split("@")[0] == init and s == steps
                                     for k, s in (r.get("init_steps") or {}).items()))
     out += f"; {init} init trained {steps} of {full} steps at {n} point{'s' * (n != 1)}"
+  unswept = [f"{r['mixer']} T={r['seq_len']}, d={r['d_model']}" for r in table
+             if r["mixer"] in INIT_SWEPT and r.get("short_conv") and _inits(r) == {"default"}]
+  if unswept and len(unswept) < sum(r["mixer"] in INIT_SWEPT and bool(r.get("short_conv"))
+                                    for r in table):
+    out += (f"; decay init not swept at {len(unswept)} point{'s' * (len(unswept) != 1)} "
+            f"({', '.join(unswept)})")
+  stopped = [(k.split("@")[0], r, s) for r in table
+             for k, s in (r.get("init_stopped_at") or {}).items()]
+  for init in sorted({i for i, _, _ in stopped}):
+    at = [f"{r['mixer']} T={r['seq_len']}, d={r['d_model']} at step {s}"
+          for i, r, s in stopped if i == init]
+    out += (f"; {init} init stopped part-way at {len(at)} point{'s' * (len(at) != 1)} "
+            f"({', '.join(at)}), scored at that checkpoint")
   return out
 
 
@@ -610,9 +648,10 @@ def _default_init(row: dict) -> dict:
               se=row.get("default_init_se", binomial_se(row["default_init_accuracy"], n)))
 
 
-def _best_other_init(row: dict) -> tuple[str, float, int | None] | None:
-  """The best (init, accuracy, steps) among ``row``'s inits other than the default."""
-  other = [(k.split("@")[0], a, (row.get("init_steps") or {}).get(k))
+def _best_other_init(row: dict) -> tuple[str, float, int | None, str] | None:
+  """The best (init, accuracy, steps, ``init@lr`` key) among ``row``'s inits other than the
+  default."""
+  other = [(k.split("@")[0], a, (row.get("init_steps") or {}).get(k), k)
            for k, a in (row.get("init_accuracies") or {}).items()
            if k.split("@")[0] != "default"]
   return max(other, key=lambda x: x[1]) if other else None

@@ -41,7 +41,10 @@ completed later with the same command. The committed table trained the second ra
 only at four Mamba-family points at d=64 (it lost at each); its other points stay
 ``not run`` in the JSON and the claims name them as the budget's cut. Each run records
 its step budget (``steps_max``; the table's ``init_steps`` per (init, rate)), since an
-init sweep added later may train fewer steps than the grid (``--steps-scale``).
+init sweep added later may train fewer steps than the grid (``--steps-scale``). A run stopped
+before its budget's end (a checkpoint at every evaluation) is scored at its newest checkpoint
+and says so (``stopped_at``); the table's ``same_step`` sets each other init's validation
+accuracy beside the default init's at the same step, the equal-budget comparison.
 
     python experiments/study_mqar.py              # full size
     python experiments/study_mqar.py --lrs 1e-3,3e-3 --widths 64,128,256   # larger grid
@@ -196,6 +199,42 @@ def merge_runs(old: list[dict], new: list[dict], old_steps: int | None = None) -
   return list(out.values())
 
 
+def mark_stopped(row: dict) -> bool:
+  """Marks a run that did not finish but saved a checkpoint (stopped at the session's deadline,
+  or still training elsewhere) as ``stopped`` at its newest checkpoint's step (``stopped_at``),
+  so that it is scored there rather than dropped. Returns whether it has a checkpoint."""
+  from linear_attention.train import checkpoint
+
+  if row["status"] not in ("not run", "stopped"):
+    return False
+  step = checkpoint.newest_step_on_disk(row["workdir"])
+  if not step:
+    return False
+  row.update(status="stopped", stopped_at=step)
+  return True
+
+
+def curve_at(curve: list[dict], step: int) -> dict | None:
+  """The newest record of ``curve`` (a run's validation curve) at or before ``step``."""
+  before = [c for c in curve or [] if c["step"] <= step]
+  return max(before, key=lambda c: c["step"]) if before else None
+
+
+def same_step(run: dict, default: dict | None, queries: int | None = None) -> dict | None:
+  """``run``'s validation accuracy beside ``default``'s at the same step: the newest step both
+  curves reached (a run given fewer steps, or stopped part-way, is compared with the default
+  init where the default was at that point of its training, not at its end). ``queries``: the
+  validation queries behind each accuracy, recorded for its standard error."""
+  if default is None or not run.get("validation_curve") or not default.get("validation_curve"):
+    return None
+  step = min(run["validation_curve"][-1]["step"], default["validation_curve"][-1]["step"])
+  a, b = curve_at(run["validation_curve"], step), curve_at(default["validation_curve"], step)
+  if a is None or b is None or a["step"] != b["step"]:
+    return None
+  out = {"step": a["step"], "accuracy": a["accuracy"], "default_accuracy": b["accuracy"]}
+  return {**out, "queries": queries} if queries else out
+
+
 def best_table(rows: list[dict], size: dict) -> list[dict]:
   """One row per (mixer, recipe, setting, width): the best test accuracy over learning rates
   and decay inits (Zoology tunes the rate per point; the Mamba family's init is tuned the same
@@ -229,7 +268,17 @@ def best_table(rows: list[dict], size: dict) -> list[dict]:
                             c["test_accuracy"] for c in cands},
         # The training budget of each (init, rate): a later init sweep may train fewer steps.
         "init_steps": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
-                       c.get("steps_max") for c in cands}})
+                       c.get("steps_max") for c in cands},
+        # Runs scored at a checkpoint before their budget's end (stopped at the deadline).
+        "stopped_at": best.get("stopped_at"),
+        "init_stopped_at": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
+                            c["stopped_at"] for c in cands if c.get("stopped_at")},
+        # Each other init against the default init's best rate at the same training step
+        # (validation accuracy): the equal-budget comparison.
+        "same_step": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
+                      same_step(c, best_default, size["eval_batches"] * size["batch"]
+                                * best["overrides"]["data.num_kv_pairs"]) for c in cands
+                      if c.get("init", "default") != "default"}})
   return table
 
 
@@ -282,7 +331,8 @@ def main() -> int:
            f"--config.train.eval_every={size['eval_every']}",
            f"--config.train.log_every={max(steps // 20, 1)}",
            f"--config.train.eval_batches={size['eval_batches']}",
-           f"--config.train.checkpoint_every={steps}",
+           # A checkpoint at every evaluation: a run stopped part-way is scored at its newest.
+           f"--config.train.checkpoint_every={size['eval_every']}",
            "--config.train.early_stop_metric=accuracy",
            f"--config.train.early_stop_value={size['early_stop']}")
   grid = lambda pts: su.train_grid("configs/mqar.py:size=small", pts, su.runs_dir(args, "mqar"),
@@ -294,8 +344,9 @@ def main() -> int:
   rows += grid(later) if later else []
 
   from linear_attention.train import results
+  from linear_attention import models
   for r in rows:
-    if r["status"] != "done":
+    if r["status"] != "done" and not mark_stopped(r):
       continue
     o = r["overrides"]
     t, n = o["data.seq_len"], o["data.num_kv_pairs"]
@@ -304,6 +355,10 @@ def main() -> int:
     res = results.evaluate_checkpoint(r["workdir"], {"batch_size": size["eval_batch_size"]},
                                       num_batches=num_batches, split="test")
     queries = num_batches * per_batch
+    if r["status"] == "stopped":  # no final metrics: the checkpoint's step and size
+      model, _, step = results.load_model(r["workdir"])
+      r["metrics"] = {"step": step, "num_params": models.count_params(model)}
+      r["stopped_at"] = step
     r.update(test_accuracy=res["accuracy"], test_queries=queries,
              test_se=su.binomial_se(res["accuracy"], queries), test_loss=res["loss"],
              state_floats=state_floats(r["workdir"], t),
@@ -340,6 +395,7 @@ def main() -> int:
           ("num_kv_pairs", "pairs", "{}"), ("d_model", "d", "{}"), ("best_lr", "lr", "{:g}"),
           ("best_init", "init", "{}"), ("accuracy", "acc", "{:.3f}"), ("se", "se", "{:.3f}"),
           ("default_init_accuracy", "acc@default", "{:.3f}"), ("steps_run", "steps", "{}"),
+          ("stopped_at", "stopped", "{}"),
           ("state_floats", "state", "{:,}")]
   return su.finish(args.out, "mqar", out, table, cols, rows)
 

@@ -443,6 +443,8 @@ def test_mqar_tuned_init_judged_with_the_default_beside():
   assert "(slow 0.850 in 500 steps, default 0.350)" in init["ours"]
   assert init["verdict"] == claims.NOT_REPRODUCED and "1/3" in init["reason"]
   assert "slow init trained 500 of 1000 steps at 1 point" in init["reason"]
+  # Mamba at d=128 has the default init only: a cut of the sweep, named.
+  assert "decay init not swept at 1 point (mamba T=64, d=128)" in init["reason"]
   m2 = by_claim(rows, "Mamba-2 recalls better")
   # Tuned: mamba2 0.850 - mamba 0.260 at d=128; the default inits beside: 0.350 - 0.260.
   assert "T=64, d=128 +0.590" in m2["ours"] and "default init +0.090" in m2["ours"]
@@ -512,3 +514,34 @@ def test_mamba2_induction_probe_row(tmp_path):
   (tmp_path / "synthetic" / "synthetic.json").write_text(json.dumps({"x": 1}))
   (tmp_path / "synthetic" / "mamba2_induction_probe.json").write_text(json.dumps(probe(a=0.1)))
   assert claims.load(str(tmp_path), "synthetic")["mamba2_induction_probe"]["chance"] == 1 / 15
+
+
+def test_mqar_init_stopped_part_way_is_judged_at_the_same_step():
+  # The slow init stopped at step 600 of 1000 (deadline): its checkpoint accuracy beats the
+  # default's final one, but the claim compares the two at step 600 (validation); the cut is
+  # named, and the study is not "partial".
+  slow = dict(_swept(mq_row("hawk", 0, 128), {"default": 0.10, "slow": 0.30}),
+              init_steps={"default@0.003": 1000, "slow@0.003": 1000},
+              init_stopped_at={"slow@0.003": 600}, stopped_at=600,
+              same_step={"slow@0.003": {"step": 600, "accuracy": 0.08, "default_accuracy": 0.04,
+                                        "queries": 1024}})
+  table = [mq_row("softmax", 0.99, 128), mq_row("softmax", 0.99, 128, 128), slow,
+           _swept(mq_row("hawk", 0, 128, 128), {"default": 0.10, "slow": 0.12}),
+           mq_row("gla", 0.2, 128)]
+  res = dict(mq_result(table), runs=[{"status": "done"}, {"status": "stopped",
+                                                          "test_accuracy": 0.30}])
+  rows = claims.mqar_claims(res)
+  init = by_claim(rows, "slower initial decay")
+  se = claims.diff_se(claims.binomial_se(0.08, 1024), claims.binomial_se(0.04, 1024))
+  assert f"hawk T=128, d=64 +0.040 ± {se:.3f} (slow 0.300 stopped at step 600; at step 600 " \
+         "0.080 vs default 0.040 (validation, n=1,024), default 0.100)" in init["ours"]
+  assert "slow init stopped part-way at 1 point (hawk T=128, d=64 at step 600), scored at " \
+         "that checkpoint" in init["reason"]
+  assert all("partial" not in r["reason"] for r in rows)
+  # The tuned hawk is the best recurrent at d=64: the gap claim gives the default's beside.
+  gap = by_claim(rows, "fall short")
+  assert "a tuned init is the best recurrent at d=64" in gap["ours"]
+  assert "default init: d=64 +0.790 (gla); d=128 +0.890 (hawk)" in gap["ours"]
+  # A stopped run never scored (no checkpoint) still marks the results partial.
+  res["runs"].append({"status": "stopped"})
+  assert all("partial" in r["reason"] for r in claims.mqar_claims(res))

@@ -126,3 +126,39 @@ def test_results_carry_no_machine_paths():
   for f in files:
     with open(f) as fh:
       assert not pattern.search(fh.read()), f
+
+
+def _curve(*accs, every=100):
+  return [{"step": every * (i + 1), "accuracy": a} for i, a in enumerate(accs)]
+
+
+def test_same_step_compares_a_shorter_run_where_the_default_was_then():
+  # The slow run stopped at step 300: it is set beside the default's step-300 accuracy, not
+  # its final one; an unmatched step (curves logged at different steps) gives no comparison.
+  default = _run("mamba2", 0.3, validation_curve=_curve(0.0, 0.1, 0.2, 0.25, 0.3))
+  slow = _run("mamba2", 0.6, "slow", validation_curve=_curve(0.0, 0.4, 0.6), stopped_at=300)
+  assert mqar.same_step(slow, default) == {"step": 300, "accuracy": 0.6, "default_accuracy": 0.2}
+  assert mqar.curve_at(default["validation_curve"], 250) == {"step": 200, "accuracy": 0.1}
+  assert mqar.curve_at(default["validation_curve"], 50) is None
+  odd = _run("mamba2", 0.6, "slow", validation_curve=_curve(0.1, 0.5, 0.6, every=70))
+  assert mqar.same_step(odd, default) is None
+  assert mqar.same_step(slow, None) is None
+  row = next(r for r in mqar.best_table([default, slow], mqar.SMOKE))
+  assert row["best_init"] == "slow" and row["stopped_at"] == 300
+  assert row["init_stopped_at"] == {"slow@0.003": 300}
+  # Validation queries: 1 batch of 8 sequences with 4 pairs (SMOKE).
+  assert row["same_step"] == {"slow@0.003": {"step": 300, "accuracy": 0.6,
+                                             "default_accuracy": 0.2, "queries": 32}}
+
+
+def test_a_stopped_run_is_scored_at_its_newest_checkpoint(tmp_path):
+  ckpts = tmp_path / "checkpoints"
+  for step in ("100", "300", "tmp-200"):  # an unfinished save is not a checkpoint
+    (ckpts / step).mkdir(parents=True)
+  row = {"status": "not run", "workdir": str(tmp_path)}
+  assert mqar.mark_stopped(row) and row == {"status": "stopped", "stopped_at": 300,
+                                            "workdir": str(tmp_path)}
+  empty = {"status": "not run", "workdir": str(tmp_path / "never")}
+  assert not mqar.mark_stopped(empty) and empty["status"] == "not run"
+  failed = {"status": "failed", "workdir": str(tmp_path)}  # a failure stays a failure
+  assert not mqar.mark_stopped(failed) and failed["status"] == "failed"
