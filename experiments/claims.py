@@ -809,6 +809,14 @@ def _copying_probe_row(probe: dict) -> tuple[str, str, str]:
     spent.append(f"{r['mixer']} {r['step']:,} steps = {seqs:,} sequences = "
                  f"{seqs * cfg['seq_len']:,} tokens"
                  + (" (stopped part-way)" if r.get("stopped_at") is not None else ""))
+  # Runs stopped at different steps: the validation accuracies at the last step both logged.
+  curves = {r["mixer"]: {c["step"]: c["accuracy"] for c in r.get("validation_curve", [])}
+            for r in probe["runs"] if r["mixer"] in ("mamba", "s4d")}
+  common = set.intersection(*(set(c) for c in curves.values())) if len(curves) == 2 else set()
+  if common:
+    t = max(common)
+    spent.append(f"validation at step {t:,}: " + ", ".join(
+        f"{m} {curves[m][t]:.3f}" for m in ("mamba", "s4d")))
   paper_seqs = paper["steps"] * paper["batch"]
   budget = (f"budget: T={cfg['seq_len']}, {cfg['num_tokens']} data tokens, batch "
             f"{cfg['batch']}; {'; '.join(spent) or 'no run'}; paper: T={paper['seq_len']}, "
