@@ -675,6 +675,11 @@ MAMBA = "Mamba (Gu & Dao 2023)"
 SYN_CLAIMS = {
     "copying": ("Selective copying: time-invariant S4 fails, selective Mamba solves it",
                 f"{MAMBA}, table 1", "S4 (no gate) 18.3%, S6/Mamba 99.8% (T=4096, 400k steps)"),
+    "copying_probe": ("Selective copying with a long spread (T={seq_len}, {num_tokens} data "
+                      "tokens): time-invariant S4 fails, selective Mamba solves it",
+                      f"{MAMBA}, table 1; this study's probe (probe_selective_copying.py)",
+                      "S4 (no gate) 18.3%, S6/Mamba 99.8% (T=4096, 16 data tokens, 400k "
+                      "steps)"),
     "train_len": ("Induction heads: Mamba solves it at the training length",
                   f"{MAMBA}, table 2", "Mamba 100% at the training length 256"),
     "extrapolate": ("Induction heads: {m} extrapolates far beyond the training length",
@@ -688,7 +693,7 @@ SYN_CLAIMS = {
 }
 # Result files that belong to a study besides ``<study>.json``: loaded into the study's result
 # under their name by :func:`load`.
-COMPANIONS = {"synthetic": ("mamba2_induction_probe",)}
+COMPANIONS = {"synthetic": ("mamba2_induction_probe", "selective_copying_probe")}
 
 
 def synthetic_claims(result: dict) -> list[dict]:
@@ -716,19 +721,10 @@ def synthetic_claims(result: dict) -> list[dict]:
   paper = cb.get("paper", {})
   cbudget = (f"budget: T={cb.get('seq_len')} vs {paper.get('seq_len')}, {cb.get('steps', 0):,} "
              f"of {paper.get('steps', 0):,} steps")
-  if "mamba" not in copying or "s4d" not in copying:
-    missing = [m for m in ("mamba", "s4d") if m not in copying]
-    add("copying", "; ".join(f"{m} {_acc(*v)}" for m, v in copying.items()) or "-",
-        NOT_MEASURED, f"no finished {', '.join(missing)} run; {cbudget}")
-  else:
-    (pm, sm, nm), (ps, ss, ns) = copying["mamba"], copying["s4d"]
-    ours = f"mamba {_acc(pm, sm, nm, 'tokens')}; s4d {_acc(ps, ss, ns, 'tokens')}"
-    if pm >= SOLVED and ps < LEARNED:
-      add("copying", ours, REPRODUCED, f"mamba >= {SOLVED}, s4d < {LEARNED}; {cbudget}")
-    elif significant(pm - ps, diff_se(sm, ss)):
-      add("copying", ours, IN_SHAPE, f"mamba above s4d by > {Z:g} SE; {cbudget}")
-    else:
-      add("copying", ours, NOT_REPRODUCED, f"mamba not above s4d by > {Z:g} SE; {cbudget}")
+  add("copying", *_copying_verdict(copying, cbudget))
+  probe = result.get("selective_copying_probe")
+  if probe and not _smoke(probe):
+    add("copying_probe", *_copying_probe_row(probe), **probe["config"])
 
   # Induction heads.
   train_len = cfg["induction"]["seq_len"]
@@ -822,6 +818,51 @@ def synthetic_claims(result: dict) -> list[dict]:
   if probe:
     rows.append(_mamba2_probe_row(probe, at("mamba2", train_len) if "mamba2" in ext else None))
   return _finish(rows, result, result["selective_copying"] + result["induction_heads"])
+
+
+def _copying_verdict(copying: dict, budget: str) -> tuple[str, str, str]:
+  """(ours, verdict, reason) of a selective-copying claim from ``{mixer: (p, se, n)}``."""
+  if "mamba" not in copying or "s4d" not in copying:
+    missing = [m for m in ("mamba", "s4d") if m not in copying]
+    return ("; ".join(f"{m} {_acc(*v)}" for m, v in copying.items()) or "-",
+            NOT_MEASURED, f"no finished {', '.join(missing)} run; {budget}")
+  (pm, sm, nm), (ps, ss, ns) = copying["mamba"], copying["s4d"]
+  ours = f"mamba {_acc(pm, sm, nm, 'tokens')}; s4d {_acc(ps, ss, ns, 'tokens')}"
+  if pm >= SOLVED and ps < LEARNED:
+    return ours, REPRODUCED, f"mamba >= {SOLVED}, s4d < {LEARNED}; {budget}"
+  if significant(pm - ps, diff_se(sm, ss)):
+    return ours, IN_SHAPE, f"mamba above s4d by > {Z:g} SE; {budget}"
+  return ours, NOT_REPRODUCED, f"mamba not above s4d by > {Z:g} SE; {budget}"
+
+
+def _copying_probe_row(probe: dict) -> tuple[str, str, str]:
+  """(ours, verdict, reason) of the long-spread selective-copying probe
+  (``probe_selective_copying.py``): each run tested at its newest checkpoint; the reason
+  gives its steps, sequences and tokens against the paper's, and any run stopped part-way."""
+  cfg, paper = probe["config"], probe["paper"]
+  copying, spent = {}, []
+  for r in probe["runs"]:
+    if "test_accuracy" not in r:
+      continue
+    copying[r["mixer"]] = (r["test_accuracy"], r["test_se"], r["test_tokens"])
+    seqs = r["train_sequences"]
+    spent.append(f"{r['mixer']} {r['step']:,} steps = {seqs:,} sequences = "
+                 f"{seqs * cfg['seq_len']:,} tokens"
+                 + (" (stopped part-way)" if r.get("stopped_at") is not None else ""))
+  # Runs stopped at different steps: the validation accuracies at the last step both logged.
+  curves = {r["mixer"]: {c["step"]: c["accuracy"] for c in r.get("validation_curve", [])}
+            for r in probe["runs"] if r["mixer"] in ("mamba", "s4d")}
+  common = set.intersection(*(set(c) for c in curves.values())) if len(curves) == 2 else set()
+  if common:
+    t = max(common)
+    spent.append(f"validation at step {t:,}: " + ", ".join(
+        f"{m} {curves[m][t]:.3f}" for m in ("mamba", "s4d")))
+  paper_seqs = paper["steps"] * paper["batch"]
+  budget = (f"budget: T={cfg['seq_len']}, {cfg['num_tokens']} data tokens, batch "
+            f"{cfg['batch']}; {'; '.join(spent) or 'no run'}; paper: T={paper['seq_len']}, "
+            f"{paper['steps']:,} steps = {paper_seqs:,} sequences = "
+            f"{paper_seqs * paper['seq_len']:,} tokens; chance {probe['chance']:.3f}")
+  return _copying_verdict(copying, budget)
 
 
 def _mamba2_probe_row(probe: dict, study_m2) -> dict:

@@ -257,6 +257,36 @@ def test_synthetic_no_gap_and_no_drop():
   assert row["verdict"] == claims.NOT_MEASURED and "did not learn" in row["reason"]
 
 
+def copying_probe(accs, stopped=()):
+  """A ``selective_copying_probe.json`` with ``accs`` ({mixer: test accuracy})."""
+  cfg = {"smoke": False, "seq_len": 128, "num_tokens": 4, "batch": 32}
+  runs = [{"mixer": m, "test_accuracy": a, "test_se": claims.binomial_se(a, 2048),
+           "test_tokens": 2048, "step": 600, "train_sequences": 600 * 32,
+           "validation_curve": [{"step": t, "accuracy": a * t / 600} for t in (300, 600)],
+           **({"stopped_at": 600} if m in stopped else {})} for m, a in accs.items()]
+  return {"config": cfg, "chance": 1 / 14, "runs": runs + [{"mixer": "softmax"}],
+          "paper": {"seq_len": 4096, "num_tokens": 16, "batch": 64, "steps": 400_000}}
+
+
+def test_selective_copying_probe_row():
+  res = syn_result({"mamba": 0.78, "s4d": 0.79}, {})
+  assert not [r for r in claims.synthetic_claims(res) if "long spread" in r["claim"]]
+  res["selective_copying_probe"] = copying_probe({"mamba": 0.99, "s4d": 0.15}, stopped=("s4d",))
+  rows = claims.synthetic_claims(res)
+  assert by_claim(rows, "Selective copying: time")["verdict"] == claims.NOT_REPRODUCED
+  row = by_claim(rows, "long spread")
+  assert "T=128, 4 data tokens" in row["claim"]
+  assert row["verdict"] == claims.REPRODUCED
+  # The budget against the paper's: 600 x 32 sequences of 128 tokens vs 400k x 64 of 4096.
+  assert "19,200 sequences = 2,457,600 tokens (stopped part-way)" in row["reason"]
+  assert "25,600,000 sequences" in row["reason"]
+  assert "validation at step 600: mamba 0.990, s4d 0.150" in row["reason"]
+  res["selective_copying_probe"] = copying_probe({"mamba": 0.09, "s4d": 0.08})
+  assert by_claim(claims.synthetic_claims(res), "long spread")["verdict"] == claims.NOT_REPRODUCED
+  res["selective_copying_probe"] = copying_probe({"mamba": 0.5})
+  assert by_claim(claims.synthetic_claims(res), "long spread")["verdict"] == claims.NOT_MEASURED
+
+
 # ----------------------------------------------------------------------------- LM
 
 
