@@ -91,14 +91,15 @@ Array = jax.Array
 # The form ``form="auto"`` picks per backend, by measurement (experiments/bench_delta_forms.py;
 # B=1, H=4, K=V=64, float32, 32-token chunks on CPU). On CPU it depends on XLA's threading:
 # * XLA's default threads on an idle 2-core machine (results/bench_delta_forms_cpu.json, what
-#   a user gets): the token-by-token scan is 2-5x faster forward and about as fast or faster
-#   forward+backward (wall, KDA 4k 404 against 447 ms, 16k 1701 against 1736; RWKV-7 4k 317
-#   against 420, 16k 1951 against 1759: the chunk form wins only there);
+#   a user gets; wall ms): the token-by-token scan is 2-4x faster forward (KDA 4k 30 against
+#   104, RWKV-7 4k 33 against 127), while the chunk form is as fast or faster forward+backward
+#   (KDA 4k 314 against 374, 16k 1541 against 1757; RWKV-7 4k 407 against 432, 16k 1297
+#   against 1318; Gated DeltaProduct's chunk form is 2x slower in both);
 # * one intra-op thread (``intra_op_parallelism_threads=1``, as the studies run;
 #   results/bench_delta_forms_cpu_1thread.json): the scan's backward is 4-5x slower than with
 #   threads and the chunk form's forward+backward wins 2.5x for KDA and RWKV-7 (idle, KDA 4k:
 #   569 against 2093 ms wall), while the scan stays the faster forward.
-# So CPU keeps the scan (pass ``form="chunk"`` to train under one thread); the chunk form's
+# So CPU keeps the scan, the faster forward (pass ``form="chunk"`` to train); the chunk form's
 # forward is dominated by the per-channel in-chunk scores (``common.intra_scores_by_diagonals``,
 # an ``exp`` per pair and channel inside 4-step sub-chunks). On GPU and TPU the chunk form's matmuls are the
 # fast path.
