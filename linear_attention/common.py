@@ -22,6 +22,47 @@ Array = jax.Array
 FORMS = ("parallel", "chunk", "recurrent")
 
 
+def resolve_auto_form(form: str, defaults: dict[str, tuple[str, str]]) -> tuple[str, str]:
+  """``(values form, gradient form)`` for ``form``: a named form is both; ``"auto"`` is
+  ``defaults[jax.default_backend()]``, else ``("chunk", "chunk")``.
+
+  The two differ where one form computes the values faster and the other differentiates
+  faster (on CPU the token scan against the chunk form, for the delta-rule engines);
+  :func:`with_gradient_of` runs such a pair.
+
+  Raises:
+    ValueError: ``form`` is not one of :data:`FORMS` nor ``"auto"``.
+  """
+  check_choice("form", form, FORMS + ("auto",))
+  if form != "auto":
+    return form, form
+  return defaults.get(jax.default_backend(), ("chunk", "chunk"))
+
+
+def with_gradient_of(values_fn, gradient_fn):
+  """``values_fn``, with the reverse-mode derivative of ``gradient_fn`` (the same function
+  computed another way, e.g. a token scan and the chunk form of one recurrence).
+
+  A plain call (or ``jax.vmap``) runs ``values_fn``; ``jax.grad``/``jax.vjp`` run
+  ``gradient_fn`` forward and backward, so the values and the gradient each take the faster
+  path. It is a ``jax.custom_vjp``: forward-mode (``jax.jvp``, ``jax.jacfwd``) is not
+  defined through it -- name a form to get it. Integer arguments get ``float0``
+  cotangents, as ``jax.vjp`` gives them.
+  """
+  @jax.custom_vjp
+  def run(*args):
+    return values_fn(*args)
+
+  def forward(*args):
+    return jax.vjp(gradient_fn, *args)  # (values, the pullback as the residual)
+
+  def backward(pullback, cotangent):
+    return pullback(cotangent)
+
+  run.defvjp(forward, backward)
+  return run
+
+
 def check_rank(name: str, x: Array, rank: int) -> None:
   """Raises unless ``x`` has exactly ``rank`` dimensions."""
   if jnp.ndim(x) != rank:
@@ -281,15 +322,17 @@ def check_segment_ids(segment_ids: Array | None, batch: int, seq: int) -> None:
 
 def check_sequence_args(form: str, chunk_size: int, segment_ids: Array | None, batch: int,
                         seq: int, initial_state: Array | None = None,
-                        state_shape: Sequence[int] | None = None) -> None:
-  """The arguments every sequence op shares: ``form`` one of :data:`FORMS`, a positive
+                        state_shape: Sequence[int] | None = None, *,
+                        auto: bool = False) -> None:
+  """The arguments every sequence op shares: ``form`` one of :data:`FORMS` (or ``"auto"``
+  where the op resolves it: ``auto=True``, see :func:`resolve_auto_form`), a positive
   ``chunk_size``, ``segment_ids [batch, seq]`` ints and, when ``state_shape`` is given, an
   ``initial_state`` of that shape (ops with a structured state check theirs themselves).
 
   Raises:
     ValueError: naming the first bad argument, what was expected and what was received.
   """
-  check_choice("form", form, FORMS)
+  check_choice("form", form, FORMS + (("auto",) if auto else ()))
   check_positive_int("chunk_size", chunk_size)
   if state_shape is not None:
     check_state("initial_state", initial_state, state_shape)

@@ -193,7 +193,7 @@ class KimiDeltaAttention(DeltaNet):
                use_short_conv: bool = True, allow_neg_eigval: bool = False,
                gate_low_rank: int | None = None, dt_min: float = 1e-3, dt_max: float = 1e-1,
                dt_init_floor: float = 1e-4, a_init_range: tuple[float, float] = (1.0, 16.0),
-               chunk_size: int = 64, norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None,
+               chunk_size: int | None = None, norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
     modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
                              a_init_range=a_init_range)
@@ -243,7 +243,7 @@ class GatedDeltaProduct(DeltaNet):
                use_forget_gate: bool = True, conv_width: int = 4, use_short_conv: bool = True,
                use_gate: bool = True, allow_neg_eigval: bool = False, dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
-               a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
+               a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int | None = None,
                norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     mixer.check_positive("num_householder", num_householder)
     self._build(d_model, num_heads, num_householder, conv_width=conv_width,
@@ -290,7 +290,7 @@ class RWKV7TimeMix(mixer.Mixer):
   context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, decay_low_rank: int = 64,
-               a_low_rank: int = 64, gate_low_rank: int = 128, chunk_size: int = 64,
+               a_low_rank: int = 64, gate_low_rank: int = 128, chunk_size: int | None = None,
                norm_eps: float = 64e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
     for name, value in (("decay_low_rank", decay_low_rank), ("a_low_rank", a_low_rank),

@@ -25,7 +25,10 @@ Forms (all agree; the tests prove it):
   ``P = A (I + L)^{-1} diag(beta)`` (see below), with the inverse by forward
   substitution; quadratic, for short inputs (a separate code path to check
   the chunk form against).
-* ``chunk`` (default): the WY / UT-transform chunkwise algorithm, linear in T.
+* ``chunk``: the WY / UT-transform chunkwise algorithm, linear in T.
+* ``auto`` (default): a form for the values and one for the gradient, by backend
+  (:data:`DEFAULT_FORMS`): on CPU the recurrent form's values and the chunk form's
+  gradient, the chunk form elsewhere.
 
 The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
 the in-chunk cumulative log decay up to token ``i`` (inclusive) and write the
@@ -71,12 +74,21 @@ from linear_attention.ops.context import SeqContext
 
 Array = jax.Array
 
+# ``form="auto"``: ``(values form, gradient form)`` per backend, else the chunk form both ways.
+# Measured on CPU (experiments/bench_delta_forms.py, Gated DeltaNet, B=1, H=4, K=V=64,
+# float32, 64-token chunks, XLA's default threads, idle 2-core machine, wall ms;
+# results/bench_delta_forms_cpu.json): forward, the scan 21.7 against the chunk form's 56.3
+# at 4k (131.8 against 229.3 at 16k); forward+backward, the chunk form 140.3 against 440.1
+# (517.0 against 1466.5). :func:`~linear_attention.common.with_gradient_of` runs the pair.
+DEFAULT_FORMS: dict[str, tuple[str, str]] = {"cpu": ("recurrent", "chunk")}
+
 
 def _check_inputs(q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids):
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_beta(beta, (b, t, h), "[B, T, H]")
   common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
-  common.check_sequence_args(form, chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv))
+  common.check_sequence_args(form, chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv),
+                             auto=True)
   return b, t, h, dk, dv
 
 
@@ -88,7 +100,7 @@ def delta_rule(
     log_decay: Array | None = None,
     *,
     scale: float | None = None,
-    form: str = "chunk",
+    form: str = "auto",
     chunk_size: int = 64,
     initial_state: Array | None = None,
     return_state: bool = False,
@@ -112,7 +124,10 @@ def delta_rule(
       traced gate is not checked, see
       :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
-    form: ``"chunk"`` (default, linear in T), ``"recurrent"`` or ``"parallel"``.
+    form: ``"auto"`` (default: on CPU the recurrent form's values with the chunk form's
+      gradient, see :data:`DEFAULT_FORMS`; the chunk form elsewhere; no forward-mode
+      derivative where the two differ), ``"chunk"`` (linear in T), ``"recurrent"`` or
+      ``"parallel"``.
     chunk_size: chunk length of the chunk form (any ``T`` works: padded inside
       with ``beta = 0, k = 0``, which leaves the state unchanged).
     initial_state: optional ``[B, H, K, V]`` state before the first token.
@@ -157,24 +172,34 @@ def delta_rule(
                 ("chunk_size", chunk_size), ("implementation", implementation)))
     return (out[0].astype(q.dtype), out[1]) if return_state else out.astype(q.dtype)
   unsupported = kernel.unsupported_arguments(q, beta, log_decay, segment_ids, chunk_size)
-  if form != "chunk":
+  if form not in ("auto", "chunk"):
     unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
   if dispatch.resolve_implementation(implementation, unsupported):
     return kernel.chunk_delta_attention(
         q, k, v, beta, log_decay, scale=scale, chunk_size=chunk_size,
         initial_state=initial_state, return_state=return_state, segment_ids=segment_ids)
   scale = common.resolve_scale(scale, dk)
+  form, gradient_form = common.resolve_auto_form(form, DEFAULT_FORMS)
   # Only the chunk form depends on chunk_size: keep it out of the others' cache key.
-  chunk_size = min(chunk_size, t) if form == "chunk" else 1
+  chunk_size = min(chunk_size, t) if "chunk" in (form, gradient_form) else 1
   o, state = _forward(q, k, v, beta, log_decay, initial_state, segment_ids, scale,
-                      form=form, chunk_size=chunk_size)
+                      form=form, gradient_form=gradient_form, chunk_size=chunk_size)
   return (o, state) if return_state else o
 
 
-@functools.partial(jax.jit, static_argnames=("form", "chunk_size"))
-def _forward(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, form, chunk_size):
-  """Checked inputs in, ``(o, state)`` out. Jitted so that eager calls compile
-  once per shape instead of dispatching every small op on its own."""
+@functools.partial(jax.jit, static_argnames=("form", "gradient_form", "chunk_size"))
+def _forward(*args, form, gradient_form, chunk_size):
+  """:func:`_forms` in ``form``, differentiated through ``gradient_form``. Jitted so that
+  eager calls compile once per shape instead of dispatching every small op on its own."""
+  values = functools.partial(_forms, form=form, chunk_size=chunk_size)
+  if gradient_form == form:
+    return values(*args)
+  gradient = functools.partial(_forms, form=gradient_form, chunk_size=chunk_size)
+  return common.with_gradient_of(values, gradient)(*args)
+
+
+def _forms(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, form, chunk_size):
+  """Checked inputs in, ``(o, state)`` out."""
   acc = common.acc_dtype(q.dtype)
   # Work in [B, H, T, *]: heads become a batch axis of every matmul.
   qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
@@ -311,7 +336,7 @@ def deltanet(
     beta: Array,
     *,
     scale: float | None = None,
-    form: str = "chunk",
+    form: str = "auto",
     chunk_size: int = 64,
     initial_state: Array | None = None,
     return_state: bool = False,
@@ -371,7 +396,7 @@ def gated_deltanet(
     log_decay: Array,
     *,
     scale: float | None = None,
-    form: str = "chunk",
+    form: str = "auto",
     chunk_size: int = 64,
     initial_state: Array | None = None,
     return_state: bool = False,

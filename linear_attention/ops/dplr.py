@@ -32,9 +32,10 @@ Forms (all agree; the tests prove it):
   with dense pairwise per-channel decays ``[T', T', K]`` and the inverse by
   forward substitution; quadratic, for short inputs.
 * ``chunk``: WY / UT-transform chunks, linear in T.
-* ``auto`` (default): :data:`DEFAULT_FORMS` by backend: the recurrent form on CPU (measured
-  faster there forward, and forward+backward under XLA's default threads), the chunk form on
-  GPU and TPU; see :func:`resolve_form`.
+* ``auto`` (default): a form for the values and one for the gradient, by backend
+  (:data:`DEFAULT_FORMS`, :func:`resolve_form`): on CPU the recurrent form's values and the
+  chunk form's gradient (each measured the faster there; Gated DeltaProduct's ``R > 1``
+  sub-steps keep the recurrent form for both), the chunk form on GPU and TPU.
 
 The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
 the in-chunk inclusive cumulative log decay at sub-step ``i`` (a ``[K]``
@@ -99,25 +100,27 @@ Array = jax.Array
 #   results/bench_delta_forms_cpu_1thread.json): the scan's backward is 4-5x slower than with
 #   threads and the chunk form's forward+backward wins 2.5x for KDA and RWKV-7 (idle, KDA 4k:
 #   569 against 2093 ms wall), while the scan stays the faster forward.
-# So CPU keeps the scan, the faster forward (pass ``form="chunk"`` to train); the chunk form's
-# forward is dominated by the per-channel in-chunk scores (``common.intra_scores_by_diagonals``,
-# an ``exp`` per pair and channel inside 4-step sub-chunks). On GPU and TPU the chunk form's matmuls are the
-# fast path.
-DEFAULT_FORMS: dict[str, str] = {"cpu": "recurrent"}
+# So on CPU ``auto`` computes the values with the scan and differentiates the chunk form
+# (:func:`~linear_attention.common.with_gradient_of`): the faster of the two each way. The chunk
+# form's forward is dominated by the per-channel in-chunk scores
+# (``common.intra_scores_by_diagonals``, an ``exp`` per pair and channel inside 4-step
+# sub-chunks). With ``R > 1`` sub-steps per token (Gated DeltaProduct) the scan is the faster
+# both ways on CPU. On GPU and TPU the chunk form's matmuls are the fast path.
+DEFAULT_FORMS: dict[str, tuple[str, str]] = {"cpu": ("recurrent", "chunk")}
+DEFAULT_PRODUCT_FORMS: dict[str, tuple[str, str]] = {"cpu": ("recurrent", "recurrent")}
 
 
-def resolve_form(form: str) -> str:
-  """``form`` checked, with ``"auto"`` replaced by this backend's default form.
+def resolve_form(form: str, steps: int = 1) -> tuple[str, str]:
+  """``(values form, gradient form)`` for ``form`` and ``steps`` sub-steps per token.
 
-  Returns:
-    ``"parallel"``, ``"chunk"`` or ``"recurrent"``: ``"auto"`` gives
-    ``DEFAULT_FORMS.get(jax.default_backend(), "chunk")``.
+  A named form (``"parallel"``, ``"chunk"``, ``"recurrent"``) is both. ``"auto"`` is
+  :data:`DEFAULT_FORMS` (``steps == 1``) or :data:`DEFAULT_PRODUCT_FORMS` (``steps > 1``) for
+  ``jax.default_backend()``, else ``("chunk", "chunk")``.
 
   Raises:
     ValueError: ``form`` is not one of those nor ``"auto"``.
   """
-  common.check_choice("form", form, common.FORMS + ("auto",))
-  return DEFAULT_FORMS.get(jax.default_backend(), "chunk") if form == "auto" else form
+  return common.resolve_auto_form(form, DEFAULT_FORMS if steps == 1 else DEFAULT_PRODUCT_FORMS)
 
 
 # The chunk length ``chunk_size=None`` gives per backend. On CPU, by measurement (KDA, B=1,
@@ -147,7 +150,7 @@ def _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state, seg
   bsz, t, h, dk, dv = common.check_dplr_inputs(q, k, v, a, b, log_decay)
   common.check_same_dtype(q=q, k=k, v=v)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
-                             (bsz, h, dk, dv))
+                             (bsz, h, dk, dv), auto=True)
   return bsz, t, h, dk, dv
 
 
@@ -185,8 +188,9 @@ def dplr_attention(
       checked only for concrete values (see
       :func:`~linear_attention.common.check_log_decay`).
     scale: output scale; ``None`` means ``K ** -0.5``.
-    form: ``"auto"`` (default: :func:`resolve_form`, the recurrent form on CPU and the
-      chunk form elsewhere), ``"chunk"`` (linear in T), ``"recurrent"`` or ``"parallel"``.
+    form: ``"auto"`` (default: :func:`resolve_form`; on CPU the recurrent form's values
+      with the chunk form's gradient, the chunk form elsewhere; no forward-mode derivative
+      where the two differ), ``"chunk"`` (linear in T), ``"recurrent"`` or ``"parallel"``.
     chunk_size: tokens per chunk of the chunk form (``chunk_size * R``
       sub-steps; any ``T`` works, padded inside); None: :func:`resolve_chunk_size`, 32 on
       CPU (measured faster there) and 64 elsewhere.
@@ -217,7 +221,6 @@ def dplr_attention(
   """
   chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
-  form = resolve_form(form)
   _, t, _, dk, _ = _check_inputs(q, k, v, a, b, log_decay, form, chunk_size, initial_state,
                                  segment_ids)
   o, state = _run_in(context, q, k, v, a, b, log_decay,
@@ -249,10 +252,11 @@ def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, se
     k, v, a, b = (x[:, :, :, None] for x in (k, v, a, b))
   if log_decay is not None and log_decay.ndim == 3:  # one decay per head, for every channel
     log_decay = jnp.broadcast_to(log_decay[..., None], log_decay.shape + (dk,))
+  form, gradient_form = resolve_form(form, k.shape[3])
   # Only the chunk form depends on chunk_size: keep it out of the others' cache key.
-  chunk_size = min(chunk_size, t) if form == "chunk" else 1
+  chunk_size = min(chunk_size, t) if "chunk" in (form, gradient_form) else 1
   return _forward(q, k, v, a, b, log_decay, initial_state, segment_ids, scale, form=form,
-                  chunk_size=chunk_size)
+                  gradient_form=gradient_form, chunk_size=chunk_size)
 
 
 def _run_in(context, q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state,
@@ -275,8 +279,17 @@ def _run_returning_state(q, k, v, a, b, log_decay, *, return_state, **kwargs):
   return _run(q, k, v, a, b, log_decay, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=("form", "chunk_size"))
-def _forward(q, k, v, a, b, g, initial_state, segment_ids, scale, *, form, chunk_size):
+@functools.partial(jax.jit, static_argnames=("form", "gradient_form", "chunk_size"))
+def _forward(*args, form, gradient_form, chunk_size):
+  """:func:`_forms` in ``form``, differentiated through ``gradient_form``."""
+  values = functools.partial(_forms, form=form, chunk_size=chunk_size)
+  if gradient_form == form:
+    return values(*args)
+  gradient = functools.partial(_forms, form=gradient_form, chunk_size=chunk_size)
+  return common.with_gradient_of(values, gradient)(*args)
+
+
+def _forms(q, k, v, a, b, g, initial_state, segment_ids, scale, *, form, chunk_size):
   """``q [B,T,H,K]``, ``k, a, b [B,T,H,R,K]``, ``v [B,T,H,R,V]``, ``g [B,T,H,K]`` or None."""
   acc = common.acc_dtype(q.dtype)
   # Work in [B, H, T, *]: heads become a batch axis of every matmul.
@@ -597,9 +610,8 @@ def rwkv7(
   _check_rwkv7(r, k, v, log_w, kappa, a, bonus, (bsz, t, h))
   chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, r, v, chunk_size)
-  form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
-                             (bsz, h, dk, dv))
+                             (bsz, h, dk, dv), auto=True)
   ea, eb = _rwkv7_ab(kappa, a, common.acc_dtype(r.dtype))
   o, state = _run_in(context, r, k, v, ea, eb, log_w,
                      scale=common.resolve_scale(scale, dk), form=form,
@@ -687,9 +699,8 @@ def kda(
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
   chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
-  form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
-                             (bsz, h, dk, dv))
+                             (bsz, h, dk, dv), auto=True)
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
@@ -799,9 +810,8 @@ def gated_deltaproduct(
   _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
   chunk_size = resolve_chunk_size(chunk_size)
   pallas = _use_kernel(implementation, form, q, v, chunk_size)
-  form = resolve_form(form)
   common.check_sequence_args(form, chunk_size, segment_ids, bsz, t, initial_state,
-                             (bsz, h, dk, dv))
+                             (bsz, h, dk, dv), auto=True)
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
   wk, ea, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))

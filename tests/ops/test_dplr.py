@@ -297,36 +297,6 @@ def test_bad_inputs_name_the_argument():
       pytest.fail(f"case {i} ({match}) did not raise")
 
 
-def test_default_form_by_backend(monkeypatch):
-  """``form="auto"`` (the default) is the recurrent form on CPU (by the measured forward and
-  forward+backward under XLA's default threads) and the chunk form on GPU and TPU; every
-  variant's default call is that form's call, and a bad form names the argument."""
-  from linear_attention.ops import dplr
-  assert dplr.resolve_form("auto") == dplr.DEFAULT_FORMS.get(jax.default_backend(), "chunk")
-  for backend, want in (("cpu", "recurrent"), ("gpu", "chunk"), ("tpu", "chunk")):
-    monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
-    assert dplr.resolve_form("auto") == want, backend
-    assert dplr.resolve_form("parallel") == "parallel"
-  monkeypatch.undo()
-  with pytest.raises(ValueError, match=r"\bform\b.*'auto'"):
-    dplr.resolve_form("scan")
-
-  t = 7
-  q, k, v, beta, g, s0, seg = _delta_inputs(11, t)
-  log_alpha = jnp.broadcast_to(g[..., None], g.shape + (K,))
-  form = dplr.resolve_form("auto")
-  kw = dict(initial_state=s0, return_state=True, segment_ids=seg)
-  calls = [
-      lambda **f: ops.kda(q, k, v[..., :K], beta, log_alpha, **kw, **f),
-      lambda **f: ops.rwkv7(q, k, v[..., :K], log_alpha, k, beta[..., None] * jnp.ones(K) / 2,
-                            **kw, **f),
-      lambda **f: ops.gated_deltaproduct(q, k[:, :, :, None], v[:, :, :, None], beta[..., None],
-                                         g, **kw, **f),
-      lambda **f: ops.dplr_attention(q, k, v, -beta[..., None] * k, k, g, **kw, **f),
-  ]
-  for i, call in enumerate(calls):
-    helpers.assert_tree_close(call(), call(form=form), rtol=0, atol=0, err_msg=f"call {i}")
-
 
 def test_default_chunk_size_by_backend(monkeypatch):
   """``chunk_size=None`` (the default) is 32 tokens on CPU and 64 elsewhere; a default call
