@@ -179,6 +179,7 @@ import datetime
 import json
 import math
 import os
+import pathlib
 import sys
 import textwrap
 
@@ -190,6 +191,22 @@ from _study_utils import binomial_se  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
+RESULTS_ENV = "LA_RESULTS_DIR"
+
+
+def results_dir() -> pathlib.Path:
+  """The results folder the notebooks read: ``$LA_RESULTS_DIR``, else ``results/studies``.
+
+  A relative ``$LA_RESULTS_DIR`` (``runs/smoke/studies``) is taken from the repository root,
+  not from the working directory: Jupyter runs a notebook in ``notebooks/``. Relative
+  folders come back relative to the working directory (``../results/studies`` in a
+  notebook), so a notebook's printed path names no machine's directories; an absolute one
+  comes back as given.
+  """
+  value = os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS
+  if os.path.isabs(value) and value != DEFAULT_RESULTS:
+    return pathlib.Path(value)
+  return pathlib.Path(os.path.relpath(os.path.join(REPO_ROOT, value)))
 
 COLUMNS = ("study", "claim", "source", "published", "ours", "verdict", "reason")
 REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED = (
