@@ -6,8 +6,8 @@ One command for the whole of ``results/studies/`` and ``notebooks/``:
    ``results/studies/README.md``), one after another, each writing
    ``<results>/<study>/``. The training studies (mqar, synthetic, lm,
    listops, extrapolation, hybrid, selective_copying) reuse the finished runs
-   under ``runs/studies/<study>/``, so an interrupted rerun resumes where it stopped; cost and approximation are
-   measured afresh. A study that fails (or has a failed run) is reported and
+   under ``runs/studies/<study>/``, so an interrupted rerun resumes where it
+   stopped; cost and approximation are measured afresh. A study that fails (or has a failed run) is reported and
    the others still run;
 2. the claims table (``experiments/claims.py``): printed and written to
    ``<results>/claims.json``;
@@ -36,7 +36,7 @@ the "slow" init for Mamba, Mamba-2 and Hawk at every setting and width) adds 12
 points of 15-60 process-minutes each (Mamba is the slowest); the other training
 studies about 90 minutes each at most (extrapolation: 7 runs of 400 steps, then 8
 forward passes of 16k bytes per model; hybrid: 3 MQAR runs of up to 500 steps at 4 layers
-and 3 LM runs; selective_copying: 2 runs of up to 2000 steps, about 20 and 25 process-minutes),
+and 3 LM runs; selective_copying: 2 runs of up to 2000 steps, 17 and 12 process-minutes measured),
 cost about 25 minutes, approximation about 10. The committed MQAR results hold the init sweep's points that fitted
 (see ``results/studies/README.md``).
 """
