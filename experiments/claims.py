@@ -78,7 +78,9 @@ Synthetic tasks (Mamba, Gu & Dao 2023):
 
 * selective copying (table 1): Mamba >= ``SOLVED`` and S4D < ``LEARNED``
   (0.5): reproduced; Mamba significantly above S4D: reproduced in shape; else
-  not reproduced.
+  not reproduced. The same rule for the long-spread study
+  (``study_selective_copying.py``, its ``selective_copying/selective_copying.json``), a row
+  of the synthetic table; smoke-size results of it give no row.
 * induction heads at the training length (table 2): Mamba >= ``SOLVED``:
   reproduced; >= ``LEARNED``: reproduced in shape; else not reproduced.
 * extrapolation of a selective model (mamba, and mamba2 where present): not
@@ -177,6 +179,7 @@ import datetime
 import json
 import math
 import os
+import pathlib
 import sys
 import textwrap
 
@@ -188,6 +191,22 @@ from _study_utils import binomial_se  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(REPO_ROOT, "results", "studies")
+RESULTS_ENV = "LA_RESULTS_DIR"
+
+
+def results_dir() -> pathlib.Path:
+  """The results folder the notebooks read: ``$LA_RESULTS_DIR``, else ``results/studies``.
+
+  A relative ``$LA_RESULTS_DIR`` (``runs/smoke/studies``) is taken from the repository root,
+  not from the working directory: Jupyter runs a notebook in ``notebooks/``. Relative
+  folders come back relative to the working directory (``../results/studies`` in a
+  notebook), so a notebook's printed path names no machine's directories; an absolute one
+  comes back as given.
+  """
+  value = os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS
+  if os.path.isabs(value) and value != DEFAULT_RESULTS:
+    return pathlib.Path(value)
+  return pathlib.Path(os.path.relpath(os.path.join(REPO_ROOT, value)))
 
 COLUMNS = ("study", "claim", "source", "published", "ours", "verdict", "reason")
 REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED = (
@@ -677,7 +696,7 @@ SYN_CLAIMS = {
                 f"{MAMBA}, table 1", "S4 (no gate) 18.3%, S6/Mamba 99.8% (T=4096, 400k steps)"),
     "copying_probe": ("Selective copying with a long spread (T={seq_len}, {num_tokens} data "
                       "tokens): time-invariant S4 fails, selective Mamba solves it",
-                      f"{MAMBA}, table 1; this study's probe (probe_selective_copying.py)",
+                      f"{MAMBA}, table 1; study_selective_copying.py",
                       "S4 (no gate) 18.3%, S6/Mamba 99.8% (T=4096, 16 data tokens, 400k "
                       "steps)"),
     "train_len": ("Induction heads: Mamba solves it at the training length",
@@ -691,9 +710,12 @@ SYN_CLAIMS = {
                      "(probe_mamba2_induction.py)",
                      "(not published; Mamba-2 is meant to keep Mamba's selectivity)"),
 }
-# Result files that belong to a study besides ``<study>.json``: loaded into the study's result
-# under their name by :func:`load`.
-COMPANIONS = {"synthetic": ("mamba2_induction_probe", "selective_copying_probe")}
+# Result files a study's claims read besides ``<study>.json`` (paths under the results folder):
+# loaded into the study's result under their name by :func:`load`. The long-spread
+# selective-copying study has a folder of its own (run_studies runs it) and its claim sits
+# with the synthetic study's.
+COMPANIONS = {"synthetic": {"mamba2_induction_probe": "synthetic/mamba2_induction_probe.json",
+                            "selective_copying_probe": "selective_copying/selective_copying.json"}}
 
 
 def synthetic_claims(result: dict) -> list[dict]:
@@ -837,7 +859,7 @@ def _copying_verdict(copying: dict, budget: str) -> tuple[str, str, str]:
 
 def _copying_probe_row(probe: dict) -> tuple[str, str, str]:
   """(ours, verdict, reason) of the long-spread selective-copying probe
-  (``probe_selective_copying.py``): each run tested at its newest checkpoint; the reason
+  (``study_selective_copying.py``): each run tested at its newest checkpoint; the reason
   gives its steps, sequences and tokens against the paper's, and any run stopped part-way."""
   cfg, paper = probe["config"], probe["paper"]
   copying, spent = {}, []
@@ -1446,14 +1468,14 @@ def study_claims(study: str, result: dict | None) -> list[dict]:
 
 def load(results_dir: str, study: str) -> dict | None:
   """``<results_dir>/<study>/<study>.json`` as a dict, or None when missing; the study's
-  ``COMPANIONS`` files found beside it are added under their names."""
+  ``COMPANIONS`` files found under ``results_dir`` are added under their names."""
   path = os.path.join(results_dir, study, f"{study}.json")
   if not os.path.exists(path):
     return None
   with open(path) as f:
     result = json.load(f)
-  for name in COMPANIONS.get(study, ()):
-    extra = os.path.join(results_dir, study, f"{name}.json")
+  for name, rel in COMPANIONS.get(study, {}).items():
+    extra = os.path.join(results_dir, rel)
     if os.path.exists(extra):
       with open(extra) as f:
         result[name] = json.load(f)

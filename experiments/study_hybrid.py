@@ -107,12 +107,11 @@ def value_slot_mass(probs, inputs, mask, num_pairs: int):
 def value_slot_attention(workdir: str, batches: int = 2) -> list[float | None]:
   """Per layer of a trained MQAR run (None where the mixer is not softmax): its best head's
   mean attention weight from a query to the queried key's value slot (``value_slot_mass``),
-  on ``batches`` test batches. Reads the blocks' parts as ``Block.__call__`` chains them."""
-  import jax
+  on ``batches`` test batches. Reads the blocks' parts as ``Block.__call__`` chains them; the
+  weights are the softmax layer's own (``SoftmaxAttention.attention_weights``)."""
   import jax.numpy as jnp
   import numpy as np
   from linear_attention import data
-  from linear_attention.nn import modules
   from linear_attention.train import results
   model, config, _ = results.load_model(workdir)
   ds = data.make_dataset(config.data)
@@ -125,12 +124,7 @@ def value_slot_attention(workdir: str, batches: int = 2) -> list[float | None]:
       h = blk.mixer_norm(x)
       h = h if blk.pre_conv is None else blk.pre_conv(h)
       if blk.mixer_name == "softmax":
-        b, t, _ = h.shape
-        q, k, _ = blk.mixer._qkv(h, modules.positions_of(b, t, None))
-        k = modules.repeat_kv(k, blk.mixer.groups)
-        s = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
-        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
-        masses.append(value_slot_mass(jax.nn.softmax(s, -1), bt["inputs"], bt["mask"],
+        masses.append(value_slot_mass(blk.mixer.attention_weights(h), bt["inputs"], bt["mask"],
                                       config.data.num_kv_pairs))
       else:
         masses.append(None)

@@ -58,7 +58,7 @@ FULL = dict(
     # Selective copying at T=64 (16 data tokens in 48 slots, then 16 markers): at T=256 with
     # batch 16, Mamba stayed at chance (0.09) for 1000 steps; the T=64 pilot, batch 64, rose
     # from chance to 0.20 in 200 steps. At T=64 S4D keeps up with Mamba (few offsets to
-    # learn); probe_selective_copying.py spreads 4 tokens over 124 slots (T=128) instead.
+    # learn); study_selective_copying.py spreads 4 tokens over 124 slots (T=128) instead.
     copying=dict(mixers=COPYING_MIXERS, seq_len=64, num_tokens=16, batch=64, steps=3000,
                  eval_every=250),
     induction=dict(mixers=INDUCTION_MIXERS, seq_len=256, batch=16, steps=800, eval_every=100),

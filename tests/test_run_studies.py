@@ -64,7 +64,8 @@ def test_collect_of_a_partial_folder_collects_the_studies_with_a_finished_run(ru
   out = capsys.readouterr().out
   ran = [ln.split("]")[0][1:] for ln in out.splitlines() if ln.startswith("[")]
   assert ran == ["mqar", "hybrid"]
-  assert "leaving synthetic, extrapolation as they are (no finished run under" in out
+  assert ("leaving synthetic, extrapolation, selective_copying as they are (no finished run "
+          "under") in out
   assert "leaving cost, approximation, lm, listops as they are (no --collect" in out
 
 

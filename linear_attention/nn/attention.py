@@ -85,6 +85,36 @@ class SoftmaxAttention(mixer.Mixer):
                      segment_ids)
     return self.o_proj(modules.merge_heads(o.astype(x.dtype)))
 
+  def attention_weights(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """The softmax weights of ``x [B, T, D]``: ``[B, H, T, T]`` float32, row ``t`` over keys.
+
+    With the layer's values ``v`` repeated to ``H`` heads, ``einsum("bhts,bshd->bthd", w, v)``
+    is the attention the layer computes before ``o_proj``. Builds ``T x T`` per head: for
+    inspecting a trained model, not for training.
+
+    Raises:
+      ValueError: ``x`` or ``segment_ids`` of the wrong shape.
+      NotImplementedError: a subclass whose attention is not this one (local, sparse,
+        low-rank, forgetting).
+    """
+    cls = type(self)
+    if cls._attend is not SoftmaxAttention._attend or cls.__call__ is not SoftmaxAttention.__call__:
+      raise NotImplementedError(f"{cls.__name__}.attention_weights: only plain softmax "
+                                "attention (SoftmaxAttention) returns its weights.")
+    mixer.check_features("x", x, self.d_model, 3, "[batch, seq, d_model]")
+    b, t, _ = x.shape
+    common_ops.check_segment_ids(segment_ids, b, t)
+    q, k, _ = self._qkv(x, modules.positions_of(b, t, segment_ids))
+    k = modules.repeat_kv(k, self.groups)
+    seg = softmax_ops.segment_or_zeros(segment_ids, b, t)
+    visible = seg[:, None, :, None] == seg[:, None, None, :]  # [B, 1, T, T]
+    if self.causal:
+      visible &= jnp.tril(jnp.ones((t, t), bool))
+    # The op's default scale, key_dim ** -0.5, on q in float32 as the op applies it.
+    s = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32) * self.head_dim**-0.5,
+                   k.astype(jnp.float32))
+    return jax.nn.softmax(jnp.where(visible, s, softmax_ops.MASK_VALUE), axis=-1)
+
   def _cache_len(self, max_len: int) -> int:
     return max_len
 
