@@ -67,12 +67,16 @@ not softmax, with the short convolution:
   reproduced. The default init's difference is shown beside, and the reason
   says at how many points both inits were swept.
 
-Every MQAR claim is judged on the tuned points; the state-size claim shows the
-default init's figures beside, the gap claim whether a tuned init is the best
-recurrent model at any width (and then the default init's gap beside). Points of the configured grid never
-trained (``not run``: a learning rate left out for CPU time) are the budget,
-named in every reason with how that rate did where it was trained; runs that
-were started and did not finish mark the results partial.
+Every MQAR claim is judged on the tuned points, with the default init's figures
+beside where a Mamba-family point enters it: the state-size claim its Spearman
+and pairs, the gap claim its gap (or that it is the same: no tuned init is the
+best recurrent model at any width), the decay-init and Mamba-2 claims each
+point's default accuracy. The cuts of the budget (points of the configured grid
+never trained, ``not run``: a learning rate left out for CPU time, with how that
+rate did where it was trained; inits not swept, trained for fewer steps or
+stopped part-way) are named in the reason of each claim whose points they touch,
+not in every claim; runs that were started and did not finish (and were not
+scored at a checkpoint) mark the results partial.
 
 Synthetic tasks (Mamba, Gu & Dao 2023):
 
@@ -352,8 +356,13 @@ def mqar_claims(result: dict) -> list[dict]:
   b = result["budget"]
   frac = b.get("fraction_of_paper_examples")
   runs = result.get("runs") or []
-  budget = (f"budget: <= {b.get('training_examples_max', 0):,} examples per point"
-            + (f" ({100 * frac:.2g}% of Zoology's)" if frac else "") + _mqar_cuts(table, runs))
+  base = (f"budget: <= {b.get('training_examples_max', 0):,} examples per point"
+          + (f" ({100 * frac:.2g}% of Zoology's)" if frac else ""))
+
+  def scope(judged) -> str:
+    """The budget text with the grid's cuts among the points ``judged(mixer, short_conv)``
+    selects: each claim names the cuts that touch its own points, not every cut."""
+    return base + _mqar_cuts(table, runs, judged)
 
   def add(key, ours, verdict, reason):
     rows.append(_row(study, *MQAR_CLAIMS[key], ours, verdict, reason))
@@ -362,7 +371,9 @@ def mqar_claims(result: dict) -> list[dict]:
   rec = [r for r in table if r["mixer"] != "softmax" and r["short_conv"] > 0]
   where = lambda r: f"T={r['seq_len']}, d={r['d_model']}"  # noqa: E731
 
-  # 1. Attention solves MQAR.
+  # 1. Attention solves MQAR (the recurrent points count only where softmax is below SOLVED).
+  solved = bool(soft) and min(r["accuracy"] for r in soft) >= SOLVED
+  budget = scope(lambda m, c: c > 0 and (m == "softmax" or not solved))
   if not soft:
     add("attention", "no softmax run with the short convolution", NOT_MEASURED, budget)
   else:
@@ -392,6 +403,7 @@ def mqar_claims(result: dict) -> list[dict]:
             f"below {SOLVED}, but no mixer significantly better; {budget}")
 
   # 2. Accuracy grows with state size (recurrent models), judged on the tuned inits.
+  budget = scope(lambda m, c: c > 0 and m != "softmax")
   rhos, counted, pairs, improved, saturated = _state_trend(rec)
   widths = sorted({r["d_model"] for r in rec})
   ours = "; ".join(f"Spearman {'-' if rho is None else f'{rho:+.2f}'} (T={t}, {n} points)"
@@ -428,6 +440,7 @@ def mqar_claims(result: dict) -> list[dict]:
   configured = [t for t, _ in result.get("config", {}).get("settings") or []]
   t_max = max(configured or [r["seq_len"] for r in soft + rec] or [None])
   fixed = [r for r in rec if r["mixer"] not in RECALL_MIXERS]
+  budget = scope(lambda m, c: c > 0 and m not in RECALL_MIXERS)
   gaps = []
   for d in sorted({r["d_model"] for r in soft if r["seq_len"] == t_max}):
     s = next(r for r in soft if r["seq_len"] == t_max and r["d_model"] == d)
@@ -445,7 +458,8 @@ def mqar_claims(result: dict) -> list[dict]:
                  if next(r for r in fixed if (r["mixer"], r["seq_len"], r["d_model"])
                          == (m, t_max, d)).get("best_init", "default") != "default"]
     ours += (f"; a tuned init is the best recurrent at d={', '.join(map(str, tuned_top))}"
-             if tuned_top else "; no tuned init is the best recurrent at any width")
+             if tuned_top else "; default init: the same (no tuned init is the best recurrent "
+             "at any width)")
     if tuned_top:
       d_gaps = []
       for d, *_ in gaps:
@@ -463,6 +477,7 @@ def mqar_claims(result: dict) -> list[dict]:
 
   # 4. Recall-oriented mixers against softmax, at every point they share with it.
   recall = [r for r in rec if r["mixer"] in RECALL_MIXERS]
+  budget = scope(lambda m, c: c > 0 and (m in RECALL_MIXERS or m == "softmax"))
   if not recall:
     add("recall", "no run of " + ", ".join(RECALL_MIXERS), NOT_MEASURED, budget)
   else:
@@ -487,6 +502,7 @@ def mqar_claims(result: dict) -> list[dict]:
 
   # 5. Recipe: softmax with and without the short convolution.
   without = [r for r in table if r["mixer"] == "softmax" and r["short_conv"] == 0]
+  budget = scope(lambda m, c: m == "softmax")
   diffs = []
   for r0 in without:
     r1 = next((r for r in soft if (r["seq_len"], r["d_model"]) == (r0["seq_len"], r0["d_model"])),
@@ -510,6 +526,7 @@ def mqar_claims(result: dict) -> list[dict]:
   # 6. The decay init of the Mamba family: the best init against the default, per point
   # where another init was trained (each at its best learning rate).
   swept = [r for r in rec if r["mixer"] in INIT_SWEPT and len(_inits(r)) > 1]
+  budget = scope(lambda m, c: c > 0 and m in INIT_SWEPT)
   if not swept:
     add("init", "no point trained with a decay init other than the default", NOT_MEASURED,
         budget)
@@ -525,21 +542,23 @@ def mqar_claims(result: dict) -> list[dict]:
       name, acc, steps, key = other
       stopped = (r.get("init_stopped_at") or {}).get(key)
       same = (r.get("same_step") or {}).get(key)
-      text = f"{name} {acc:.3f}"
       if stopped and same:
         # Stopped before the default's budget: judged against the default at the same step
         # (validation accuracy), not against the default's final accuracy.
         v = same.get("queries") or n
         g, se = same["accuracy"] - same["default_accuracy"], diff_se(
             binomial_se(same["accuracy"], v), binomial_se(same["default_accuracy"], v))
-        text += (f" stopped at step {stopped}; at step {same['step']} {same['accuracy']:.3f} vs "
-                 f"default {same['default_accuracy']:.3f} (validation, n={v:,})")
+        text = (f"{name} {acc:.3f} at its step-{stopped} checkpoint, default {d_acc:.3f}; "
+                f"judged at step {same['step']}: {same['accuracy']:.3f} vs "
+                f"{same['default_accuracy']:.3f}, validation, n={v:,}")
       else:
         g = acc - d_acc
         se = diff_se(binomial_se(acc, n), r.get("default_init_se", binomial_se(d_acc, n)))
-        text += (f" in {steps} steps" if steps and steps < (_default_steps(r) or steps) else "")
+        text = (f"{name} {acc:.3f}"
+                + (f" in {steps} steps" if steps and steps < (_default_steps(r) or steps) else "")
+                + f", default {d_acc:.3f}")
       diffs.append((r, g, se, d_acc))
-      texts.append(f"{r['mixer']} {where(r)} {g:+.3f} ± {se:.3f} ({text}, default {d_acc:.3f})")
+      texts.append(f"{r['mixer']} {where(r)} {g:+.3f} ± {se:.3f} ({text})")
     ours = "best other init - default: " + "; ".join(texts)
     n_sig = sum(significant(g, se) for _, g, se, _ in diffs)
     if diffs and n_sig == len(diffs):
@@ -553,6 +572,7 @@ def mqar_claims(result: dict) -> list[dict]:
 
   # 7. Mamba-2 against Mamba, each at its best init and learning rate.
   pairs2 = []
+  budget = scope(lambda m, c: c > 0 and m in ("mamba", "mamba2"))
   for r2 in (r for r in rec if r["mixer"] == "mamba2"):
     r1 = next((r for r in rec if r["mixer"] == "mamba"
                and (r["seq_len"], r["d_model"]) == (r2["seq_len"], r2["d_model"])), None)
@@ -566,12 +586,14 @@ def mqar_claims(result: dict) -> list[dict]:
 
     def default_gap(r2, r1):
       d2, d1 = _default_init(r2), _default_init(r1)
-      return f"; default init {d2['accuracy'] - d1['accuracy']:+.3f}"
+      return f"; both at the default init {d2['accuracy'] - d1['accuracy']:+.3f}"
 
-    stop = lambda r: f" stopped at step {r['stopped_at']}" if r.get("stopped_at") else ""  # noqa: E731
-    ours = "mamba2 - mamba: " + "; ".join(
-        f"{where(r2)} {g:+.3f} ± {se:.3f} ({r2['accuracy']:.3f} {r2.get('best_init', 'default')}"
-        f"{stop(r2)} vs {r1['accuracy']:.3f} {r1.get('best_init', 'default')}{stop(r1)}"
+    def at_best(r):
+      stop = f", stopped at step {r['stopped_at']}" if r.get("stopped_at") else ""
+      return f"{r['mixer']} {r['accuracy']:.3f} [{r.get('best_init', 'default')} init{stop}]"
+
+    ours = "mamba2 - mamba, each at its best init: " + "; ".join(
+        f"{where(r2)} {g:+.3f} ± {se:.3f} ({at_best(r2)} vs {at_best(r1)}"
         + (default_gap(r2, r1) if len(_inits(r2)) > 1 or len(_inits(r1)) > 1 else "") + ")"
         for r2, r1, g, se in pairs2)
     note = ("default init only; " if not tuned else "" if both == len(pairs2) else
@@ -618,20 +640,24 @@ def _state_trend(rec: list[dict]):
   return rhos, counted, pairs, improved, saturated
 
 
-def _mqar_cuts(table: list[dict], runs: list[dict]) -> str:
+def _mqar_cuts(table: list[dict], runs: list[dict], judged=lambda mixer, conv: True) -> str:
   """What the MQAR grid cut from its configured size, as budget text: the learning rates
   never trained at some points (with how the rate did where it was tried), the init-sweep
   points trained for fewer steps than the rest or stopped part-way, and the Mamba-family
-  points the init sweep left out (when it reached some)."""
+  points the init sweep left out (when it reached some). Only the points of the mixers
+  ``judged(mixer, short_conv)`` selects count (a claim's own points)."""
   out = ""
-  cut = [r["overrides"] for r in runs if r.get("status") == "not run"]
+  table = [r for r in table if judged(r["mixer"], r.get("short_conv", 0))]
+  cut = [r["overrides"] for r in runs if r.get("status") == "not run"
+         and judged(r["overrides"]["model.mixer"], r["overrides"]["model.short_conv"])]
   for lr in sorted({o["optim.lr"] for o in cut}, reverse=True):
     at = [o for o in cut if o["optim.lr"] == lr]
     mixers = sorted({o["model.mixer"] + ("" if o["model.short_conv"] else " (no conv)")
                      for o in at})
     tried = [(r["lr_accuracies"][str(lr)], max(r["lr_accuracies"].values()))
              for r in table if str(lr) in (r.get("lr_accuracies") or {})]
-    out += (f"; lr {lr:g} not trained at {len(at)} points ({', '.join(mixers)})"
+    out += (f"; lr {lr:g} not trained at {len(at)} point{'s' * (len(at) != 1)} "
+            f"({', '.join(mixers)})"
             + (f", trained at {len(tried)}, where it was below the best rate at "
                f"{sum(a < m for a, m in tried)}" if tried else ""))
   full = max((s for r in table for s in (r.get("init_steps") or {}).values() if s), default=0)
@@ -641,10 +667,10 @@ def _mqar_cuts(table: list[dict], runs: list[dict]) -> str:
     n = sum(1 for r in table if any(k.split("@")[0] == init and s == steps
                                     for k, s in (r.get("init_steps") or {}).items()))
     out += f"; {init} init trained {steps} of {full} steps at {n} point{'s' * (n != 1)}"
-  unswept = [f"{r['mixer']} T={r['seq_len']}, d={r['d_model']}" for r in table
-             if r["mixer"] in INIT_SWEPT and r.get("short_conv") and _inits(r) == {"default"}]
-  if unswept and len(unswept) < sum(r["mixer"] in INIT_SWEPT and bool(r.get("short_conv"))
-                                    for r in table):
+  family = [r for r in table if r["mixer"] in INIT_SWEPT and r.get("short_conv")]
+  unswept = [f"{r['mixer']} T={r['seq_len']}, d={r['d_model']}" for r in family
+             if _inits(r) == {"default"}]
+  if unswept and any(_inits(r) != {"default"} for r in family):
     out += (f"; decay init not swept at {len(unswept)} point{'s' * (len(unswept) != 1)} "
             f"({', '.join(unswept)})")
   stopped = [(k.split("@")[0], r, s) for r in table

@@ -214,6 +214,13 @@ def mark_stopped(row: dict) -> bool:
   return True
 
 
+def unfinished(rows: list[dict]) -> list[dict]:
+  """The rows the study reports as not run or failed: a run stopped part-way and scored at its
+  newest checkpoint (``stopped_at``) is a cut of the budget, named in the table, not a failure;
+  one stopped before any checkpoint (unscored) still counts."""
+  return [r for r in rows if not (r["status"] == "stopped" and "test_accuracy" in r)]
+
+
 def curve_at(curve: list[dict], step: int) -> dict | None:
   """The newest record of ``curve`` (a run's validation curve) at or before ``step``."""
   before = [c for c in curve or [] if c["step"] <= step]
@@ -397,7 +404,11 @@ def main() -> int:
           ("default_init_accuracy", "acc@default", "{:.3f}"), ("steps_run", "steps", "{}"),
           ("stopped_at", "stopped", "{}"),
           ("state_floats", "state", "{:,}")]
-  return su.finish(args.out, "mqar", out, table, cols, rows)
+  for r in rows:
+    if r["status"] == "stopped" and "test_accuracy" in r:
+      print(f"stopped part-way, scored at its step-{r['stopped_at']} checkpoint: {r['point']}",
+            file=sys.stderr)
+  return su.finish(args.out, "mqar", out, table, cols, unfinished(rows))
 
 
 if __name__ == "__main__":

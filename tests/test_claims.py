@@ -177,16 +177,24 @@ def test_partial_results_say_so():
 
 def test_mqar_points_the_grid_never_trained_are_its_budget():
   # A second learning rate left out at two points and tried at one (where it lost): the reason
-  # names the cut as budget; the study is not "partial".
+  # names the cut as budget; the study is not "partial". Each claim names only the cuts among
+  # its own points: gla's in the recurrent claims, softmax's (no conv) in the recipe's.
   res = zoology_like()
-  res["table"][2] = dict(res["table"][2], lr_accuracies={"0.003": 0.4, "0.001": 0.3})
+  i = next(i for i, r in enumerate(res["table"]) if r["mixer"] == "gla")
+  res["table"][i] = dict(res["table"][i], lr_accuracies={"0.003": 0.4, "0.001": 0.3})
   cut = lambda m, conv: {"status": "not run", "overrides": {  # noqa: E731
       "model.mixer": m, "model.short_conv": conv, "optim.lr": 1e-3}}
   res["runs"] = [{"status": "done"}] * 3 + [cut("gla", 3), cut("softmax", 0)]
-  for r in claims.mqar_claims(res):
-    assert "partial" not in r["reason"]
-    assert r["reason"].endswith("; lr 0.001 not trained at 2 points (gla, softmax (no conv)), "
-                                "trained at 1, where it was below the best rate at 1")
+  rows = claims.mqar_claims(res)
+  assert all("partial" not in r["reason"] for r in rows)
+  gla = "; lr 0.001 not trained at 1 point (gla), trained at 1, where it was below the best " \
+        "rate at 1"
+  for claim in ("larger state", "fall short"):
+    assert by_claim(rows, claim)["reason"].endswith(gla)
+  assert by_claim(rows, "short convolution")["reason"].endswith(
+      "(1% of Zoology's); lr 0.001 not trained at 1 point (softmax (no conv))")
+  for claim in ("Attention solves", "Recall-oriented", "slower initial decay", "Mamba-2"):
+    assert by_claim(rows, claim)["reason"].endswith("(1% of Zoology's)")
 
 
 def test_smoke_results_say_so():
@@ -484,6 +492,9 @@ def test_mqar_tuned_init_judged_with_the_default_beside():
   # with the default init mamba2 0.25 -> 0.35 still improves.
   assert "2/3 (mixer, setting) pairs improve" in state["ours"]
   assert "; default init: Spearman" in state["ours"] and "2/3 pairs improve" in state["ours"]
+  # gla is the best recurrent at both widths: the default init's gap is the same, and says so.
+  gap = by_claim(rows, "fall short")
+  assert "(gla)" in gap["ours"] and "default init: the same" in gap["ours"]
 
 
 def test_mamba2_induction_probe_row(tmp_path):
@@ -563,10 +574,12 @@ def test_mqar_init_stopped_part_way_is_judged_at_the_same_step():
   rows = claims.mqar_claims(res)
   init = by_claim(rows, "slower initial decay")
   se = claims.diff_se(claims.binomial_se(0.08, 1024), claims.binomial_se(0.04, 1024))
-  assert f"hawk T=128, d=64 +0.040 ± {se:.3f} (slow 0.300 stopped at step 600; at step 600 " \
-         "0.080 vs default 0.040 (validation, n=1,024), default 0.100)" in init["ours"]
+  assert f"hawk T=128, d=64 +0.040 ± {se:.3f} (slow 0.300 at its step-600 checkpoint, default " \
+         "0.100; judged at step 600: 0.080 vs 0.040, validation, n=1,024)" in init["ours"]
   assert "slow init stopped part-way at 1 point (hawk T=128, d=64 at step 600), scored at " \
          "that checkpoint" in init["reason"]
+  # A claim without hawk's points (the recipe's softmax) does not name its cut.
+  assert "stopped part-way" not in by_claim(rows, "short convolution")["reason"]
   assert all("partial" not in r["reason"] for r in rows)
   # The tuned hawk is the best recurrent at d=64: the gap claim gives the default's beside.
   gap = by_claim(rows, "fall short")

@@ -162,3 +162,10 @@ def test_a_stopped_run_is_scored_at_its_newest_checkpoint(tmp_path):
   assert not mqar.mark_stopped(empty) and empty["status"] == "not run"
   failed = {"status": "failed", "workdir": str(tmp_path)}  # a failure stays a failure
   assert not mqar.mark_stopped(failed) and failed["status"] == "failed"
+
+
+def test_a_run_scored_at_a_checkpoint_is_not_reported_as_failed():
+  rows = [{"status": "done", "test_accuracy": 0.5}, {"status": "not run"},
+          {"status": "stopped", "stopped_at": 300, "test_accuracy": 0.1},  # scored: a cut
+          {"status": "stopped"}, {"status": "failed"}]  # no checkpoint to score; a failure
+  assert mqar.unfinished(rows) == [rows[0], rows[1], rows[3], rows[4]]
