@@ -48,10 +48,13 @@ weights across and checks the outputs agree). The variants (``--variants``):
   learned per state dimension (``equal_a_init``): ``scalar_a``'s initialisation without its
   sharing. ``m1_scalar_a_slow``: ``scalar_a`` with ``A`` in ``[1/16, 1]`` (no channel decays
   faster than Mamba-1's slowest state dimension): Mamba-1's side of ``m2_as_m1``.
-* ``*_1k``, ``*_1500``: 1000 or 1500 steps instead of 500, for variants that leave the loss
-  plateau late (``m1_*_1k`` and ``*_1500`` runs resumed from their 500-step run's
-  checkpoint: the same seed, data and constant schedule, so the first 500 steps are that
-  run's).
+* ``m2_as_m1_h2_2k``, ``m2_dt_conv_2k``, ``m2_as_m1_h16_2k``: Mamba-2's side trained to 2000
+  steps: ``m2_as_m1_h2`` longer; only ``dt`` from the conv'd ``x`` (the inverse of
+  ``m1_dt_input``); ``m2_as_m1_h2`` at 16 heads of 8 (finer ``dt`` and ``A``).
+* ``*_1k``, ``*_1500``, ``*_2k``: 1000, 1500 or 2000 steps instead of 500, for variants that
+  leave the loss plateau late (``m1_*_1k``, ``*_1500`` and ``m2_as_m1_h2_2k`` resumed from
+  their 500-step run's checkpoint: the same seed, data and constant schedule, so the first
+  500 steps are that run's).
 * ``mamba``: Mamba-1 itself, the positive control at the same budget.
 
 Each run keeps a checkpoint every ``--eval-every`` steps; each is tested on the sparse task
@@ -126,6 +129,12 @@ VARIANTS = {
                        _M2 + "bc_from_conv": True, _M2 + "norm": False,
                        _M2 + "a_init_range": (1 / 32, 0.5), "train.steps": 2000},
     "m2_dt_conv_2k": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True, "train.steps": 2000},
+    # m2_as_m1_h2 at 16 heads of 8: eight times as many dt and A values per token (Mamba-1
+    # has one per channel), the next property when the 2-head runs stay at chance.
+    "m2_as_m1_h16_2k": {"model.mixer": "mamba2", "model.num_heads": 16,
+                        _M2 + "dt_from_conv": True, _M2 + "bc_from_conv": True,
+                        _M2 + "norm": False, _M2 + "a_init_range": (1 / 32, 0.5),
+                        "train.steps": 2000},
 }
 FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=500,
             eval_every=100, test_examples=128)
