@@ -133,6 +133,11 @@ VARIANTS = {
     # 2000 steps (resumed from default_1k), and dt_from_conv with m2_as_m1_h2's slow decay
     # (m2_as_m1_h2_2k, which also reads dt from the conv, stays at chance).
     "default_2k": {"model.mixer": "mamba2", "train.steps": 2000},
+    # dt_from_conv changes the init's draws (half the heads keep > 0.1 of a token 128 steps
+    # on, none by default): the slow decay alone (all heads keep it) to 2000 steps, resumed
+    # from slow_decay_1k.
+    "slow_decay_2k": {"model.mixer": "mamba2", _M2 + "a_init_range": (1 / 32, 0.5),
+                      "train.steps": 2000},
     "m2_dt_conv_slow_2k": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True,
                            _M2 + "a_init_range": (1 / 32, 0.5), "train.steps": 2000},
     # m2_as_m1_h2 at 16 heads of 8: eight times as many dt and A values per token (Mamba-1
