@@ -917,11 +917,12 @@ def _mamba2_probe_row(probe: dict, study_m2) -> dict:
                      + (f", >= {LEARNED} from step {first[v]})" if v in first else ")")
                      for v, _, p, _, st in rows) or "none"
 
-  m2 = [r for r in res if r[1] == "mamba2"]
+  shown = _longest_runs([r[0] for r in res], {r[0]: r[4] or 0 for r in res})
+  m2 = [r for r in res if r[1] == "mamba2" and r[0] in shown]
   learned = [r for r in m2 if r[2] >= LEARNED]
   chance = [r for r in m2 if r[2] < LEARNED]
   control = [r for r in res if r[0] == "mamba"]
-  m1_vars = [r for r in res if r[1] == "mamba" and r[0] != "mamba"]
+  m1_vars = [r for r in res if r[1] == "mamba" and r[0] != "mamba" and r[0] in shown]
   parts = [f"Mamba-2 learns (>= {LEARNED}) with: {named(learned, why=True)}",
            f"stays below {LEARNED} with: {named(chance)}"]
   if control:
@@ -944,6 +945,14 @@ def _mamba2_probe_row(probe: dict, study_m2) -> dict:
   return _row("synthetic", claim, source, published, ours, NOT_REPRODUCED, reason)
 
 
+def _longest_runs(variants: list[str], steps: dict) -> list[str]:
+  """``variants`` less those a longer run continues: ``<v>_1k``, ``<v>_1500`` or ``<v>_2k``
+  (after ``<v>_1k``) starts as ``<v>``'s run, so only the one with the most ``steps`` shows."""
+  base = lambda v: v.rsplit("_", 1)[0] if v.rsplit("_", 1)[-1].rstrip("k").isdigit() else v
+  return [v for v in variants if not any(
+      w != v and base(w) in (v, base(v)) and steps[w] > steps[v] for w in variants)]
+
+
 ESCAPE = 0.2  # sparse-test accuracy taken as leaving chance (3x chance 1/15; > 4 SE at n=128)
 
 
@@ -954,15 +963,8 @@ def _probe_explanation(probe: dict, variants: list[str]) -> list[str]:
   (``state_ablation``), and how much of a token each variant's first layer keeps 128 steps
   on at init (``init_memory``)."""
   runs = {r.get("variant"): r for r in probe.get("runs") or []}
-
-  def last_step(v):
-    return ((runs.get(v) or {}).get("sparse_test_curve") or [{"step": 0}])[-1]["step"]
-
-  # A longer run of a variant (``<v>_1k``, ``<v>_1500``, ``<v>_2k`` after ``<v>_1k``) starts
-  # as its shorter run: show the longest.
-  base = lambda v: v.rsplit("_", 1)[0] if v.rsplit("_", 1)[-1].rstrip("k").isdigit() else v
-  variants = [v for v in variants if not any(
-      w != v and base(w) in (v, base(v)) and last_step(w) > last_step(v) for w in variants)]
+  variants = _longest_runs(variants, {v: ((runs.get(v) or {}).get("sparse_test_curve")
+                                          or [{"step": 0}])[-1]["step"] for v in variants})
   parts = []
   is_m1 = lambda v: (runs[v].get("overrides") or {}).get(
       "model.mixer", "mamba" if v == "mamba" or v.startswith("m1_") else "") == "mamba"
