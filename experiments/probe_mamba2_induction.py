@@ -347,6 +347,15 @@ def init_memory(overrides: dict, size: dict, distance: int = 128, seed: int = 0)
           "frac_above_0.1": float(np.mean(keep > 0.1))}
 
 
+def _fresh(path: str, workdir: str):
+  """A cached per-model measurement, or None when it was taken at another step than the run's
+  newest checkpoint (a longer run resumed from a copy of a shorter one's directory)."""
+  from linear_attention.train import rundir
+
+  cached = su.read_json(path)
+  return cached if cached and cached.get("step") == rundir.newest_step_on_disk(workdir) else None
+
+
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "synthetic")
@@ -423,11 +432,11 @@ def main() -> int:
     r["sparse_test_curve"] = curve
     if name in args.context_test.split(","):
       ctx_path = os.path.join(r["workdir"], "context_test.json")
-      r["context_test"] = su.read_json(ctx_path) or context_test(r["workdir"])
+      r["context_test"] = _fresh(ctx_path, r["workdir"]) or context_test(r["workdir"])
       su.write_json(ctx_path, r["context_test"])
     if name in args.ablate_state.split(",") and r["overrides"]["model.mixer"] == "mamba":
       abl_path = os.path.join(r["workdir"], "state_ablation.json")
-      r["state_ablation"] = su.read_json(abl_path) or state_ablation(
+      r["state_ablation"] = _fresh(abl_path, r["workdir"]) or state_ablation(
           r["workdir"], size["test_examples"])
       su.write_json(abl_path, r["state_ablation"])
     if r["overrides"]["model.mixer"] == "mamba" and curve:
@@ -437,7 +446,7 @@ def main() -> int:
       su.write_json(a_path, r["decay_stats"])
     if name in args.check_forms.split(","):
       check_path = os.path.join(r["workdir"], "forms_agree.json")
-      r["forms_agree"] = su.read_json(check_path) or forms_agree(r["workdir"])
+      r["forms_agree"] = _fresh(check_path, r["workdir"]) or forms_agree(r["workdir"])
       su.write_json(check_path, r["forms_agree"])
     print(f"{name:>12}: sparse test " + " ".join(f"{c['step']}:{c['accuracy']:.2f}"
                                               for c in curve), flush=True)
