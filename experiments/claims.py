@@ -96,8 +96,9 @@ Synthetic tasks (Mamba, Gu & Dao 2023):
   ``mamba2_induction_probe.json`` beside the study's file, one change of
   Mamba-2 towards Mamba-1, or of Mamba-1 towards Mamba-2, per run): the
   default Mamba-2 or another Mamba-2 variant >= ``LEARNED`` on the sparse
-  test: reproduced in shape, naming what learns (and from which step) and
-  what stays at chance; none: not reproduced.
+  test: reproduced in shape, naming what learns (its overrides, and from which
+  step) and what stays at chance (each variant at its longest run); none:
+  not reproduced.
 * attention with RoPE fails beyond about 2x: not measured when softmax did
   not learn the task at the training length; every tested length beyond 2x
   below ``LEARNED``: reproduced; the first length beyond 2x significantly below
@@ -942,24 +943,35 @@ def _mamba2_probe_row(probe: dict, study_m2) -> dict:
       ([f"study default {_acc(*study_m2)}"] if study_m2 else [])
       + [f"{v} {p:.3f} ± {se:.3f} ({st} steps)" for v, _, p, se, st in res]) \
       or "no finished probe run"
-  budget = (f"probe: {cfg.get('batch')} dense sequences per step at T={t}; sparse test at "
+  budget = (f"probe: one seed per variant, {cfg.get('batch')} dense sequences per step at "
+            f"T={t}; sparse test at "
             f"T={t} on {n} sequences every {cfg.get('eval_every')} steps; chance "
             f"{probe.get('chance', 1 / 15):.3f}")
   claim, source, published = SYN_CLAIMS["mamba2_probe"]
   if not res:
     return _row("synthetic", claim, source, published, ours, NOT_MEASURED, budget)
 
-  def named(rows):
-    return ", ".join(f"{v} ({p:.3f} at {st}" + (f", >= {LEARNED} from step {first[v]})"
-                                                 if v in first else ")")
+  stopped = {r["variant"] for r in probe.get("table") or [] if r.get("stopped_at")}
+  changes = cfg.get("variants") or {}
+
+  def change(v):  # the variant's overrides, as the reason names what learns
+    kw = [f"{k.split('.')[-1]}={x}" for k, x in (changes.get(v) or {}).items()
+          if k not in ("model.mixer", "train.steps")]
+    return (", ".join(kw) + "; ") if kw else ""
+
+  def named(rows, why=False):
+    return ", ".join(f"{v} ({change(v) if why else ''}{p:.3f} at {st}"
+                     + (" (stopped part-way)" if v in stopped else "")
+                     + (f", >= {LEARNED} from step {first[v]})" if v in first else ")")
                      for v, _, p, _, st in rows) or "none"
 
-  m2 = [r for r in res if r[1] == "mamba2"]
+  shown = _longest_runs([r[0] for r in res], {r[0]: r[4] or 0 for r in res})
+  m2 = [r for r in res if r[1] == "mamba2" and r[0] in shown]
   learned = [r for r in m2 if r[2] >= LEARNED]
   chance = [r for r in m2 if r[2] < LEARNED]
   control = [r for r in res if r[0] == "mamba"]
-  m1_vars = [r for r in res if r[1] == "mamba" and r[0] != "mamba"]
-  parts = [f"Mamba-2 learns (>= {LEARNED}) with: {named(learned)}",
+  m1_vars = [r for r in res if r[1] == "mamba" and r[0] != "mamba" and r[0] in shown]
+  parts = [f"Mamba-2 learns (>= {LEARNED}) with: {named(learned, why=True)}",
            f"stays below {LEARNED} with: {named(chance)}"]
   if control:
     parts.append(f"Mamba-1: {named(control)}")
@@ -981,6 +993,14 @@ def _mamba2_probe_row(probe: dict, study_m2) -> dict:
   return _row("synthetic", claim, source, published, ours, NOT_REPRODUCED, reason)
 
 
+def _longest_runs(variants: list[str], steps: dict) -> list[str]:
+  """``variants`` less those a longer run continues: ``<v>_1k``, ``<v>_1500`` or ``<v>_2k``
+  (after ``<v>_1k``) starts as ``<v>``'s run, so only the one with the most ``steps`` shows."""
+  base = lambda v: v.rsplit("_", 1)[0] if v.rsplit("_", 1)[-1].rstrip("k").isdigit() else v
+  return [v for v in variants if not any(
+      w != v and base(w) in (v, base(v)) and steps[w] > steps[v] for w in variants)]
+
+
 ESCAPE = 0.2  # sparse-test accuracy taken as leaving chance (3x chance 1/15; > 4 SE at n=128)
 
 
@@ -991,17 +1011,24 @@ def _probe_explanation(probe: dict, variants: list[str]) -> list[str]:
   (``state_ablation``), and how much of a token each variant's first layer keeps 128 steps
   on at init (``init_memory``)."""
   runs = {r.get("variant"): r for r in probe.get("runs") or []}
-  # A longer run of a variant (``<v>_1k``, ``<v>_1500``) starts as its run: show the longer.
-  variants = [v for v in variants if not any(w.startswith(v + "_") and w[len(v) + 1:].rstrip(
-      "k").isdigit() for w in variants)]
+  variants = _longest_runs(variants, {v: ((runs.get(v) or {}).get("sparse_test_curve")
+                                          or [{"step": 0}])[-1]["step"] for v in variants})
   parts = []
-  m1 = [v for v in variants if v in runs and (runs[v].get("overrides") or {}).get(
-      "model.mixer", "mamba" if v == "mamba" or v.startswith("m1_") else "") == "mamba"]
+  is_m1 = lambda v: (runs[v].get("overrides") or {}).get(
+      "model.mixer", "mamba" if v == "mamba" or v.startswith("m1_") else "") == "mamba"
+  m1 = [v for v in variants if v in runs and is_m1(v)]
+  m2 = [v for v in variants if v in runs and not is_m1(v)]
 
   def escape(v):  # (first step >= ESCAPE or None, the run's last evaluated step)
     curve = runs[v].get("sparse_test_curve") or []
     hit = [c["step"] for c in curve if c["accuracy"] >= ESCAPE]
     return (hit[0] if hit else None), (curve[-1]["step"] if curve else 0)
+
+  left = [v for v in m2 if escape(v)[0]]
+  if left:  # a Mamba-2 variant leaves chance: when, and how long the others were trained
+    parts.append(f"Mamba-2 leaves chance (>= {ESCAPE}) with: " + ", ".join(
+        f"{v} from step {escape(v)[0]}" for v in left) + "; not within its steps: " + (", ".join(
+            f"{v} ({escape(v)[1]})" for v in m2 if not escape(v)[0]) or "none"))
 
   if "mamba" in m1 and escape("mamba")[0]:
     ref = escape("mamba")[0]

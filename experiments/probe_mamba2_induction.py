@@ -48,10 +48,13 @@ weights across and checks the outputs agree). The variants (``--variants``):
   learned per state dimension (``equal_a_init``): ``scalar_a``'s initialisation without its
   sharing. ``m1_scalar_a_slow``: ``scalar_a`` with ``A`` in ``[1/16, 1]`` (no channel decays
   faster than Mamba-1's slowest state dimension): Mamba-1's side of ``m2_as_m1``.
-* ``*_1k``, ``*_1500``: 1000 or 1500 steps instead of 500, for variants that leave the loss
-  plateau late (``m1_*_1k`` and ``*_1500`` runs resumed from their 500-step run's
-  checkpoint: the same seed, data and constant schedule, so the first 500 steps are that
-  run's).
+* ``m2_as_m1_h2_2k``, ``m2_dt_conv_2k``, ``m2_as_m1_h16_2k``: Mamba-2's side trained to 2000
+  steps: ``m2_as_m1_h2`` longer; only ``dt`` from the conv'd ``x`` (the inverse of
+  ``m1_dt_input``); ``m2_as_m1_h2`` at 16 heads of 8 (finer ``dt`` and ``A``).
+* ``*_1k``, ``*_1500``, ``*_2k``: 1000, 1500 or 2000 steps instead of 500, for variants that
+  leave the loss plateau late (``m1_*_1k``, ``*_1500`` and ``m2_as_m1_h2_2k`` resumed from
+  their 500-step run's checkpoint: the same seed, data and constant schedule, so the first
+  500 steps are that run's).
 * ``mamba``: Mamba-1 itself, the positive control at the same budget.
 
 Each run keeps a checkpoint every ``--eval-every`` steps; each is tested on the sparse task
@@ -119,6 +122,30 @@ VARIANTS = {
     # side of m2_as_m1 (head dimension 1, slow decay) at a third of its cost.
     "m1_scalar_a_slow": {"model.mixer": "mamba", _M1 + "scalar_a": True,
                          _M1 + "a_init_scale": 1 / 16, "train.steps": 1000},
+    # Mamba-2's side, trained long enough to see whether the Mamba-1-like variants learn
+    # (m2_as_m1_h2_2k resumed from m2_as_m1_h2's step-500 checkpoint). m2_dt_conv_2k is the
+    # inverse of m1_dt_input, the one property that blocked Mamba-1 through 1000 steps.
+    "m2_as_m1_h2_2k": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True,
+                       _M2 + "bc_from_conv": True, _M2 + "norm": False,
+                       _M2 + "a_init_range": (1 / 32, 0.5), "train.steps": 2000},
+    "m2_dt_conv_2k": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True, "train.steps": 2000},
+    # m2_dt_conv_2k learns (0.63 at step 1600, 0.98 at 1800); the default Mamba-2 to the same
+    # 2000 steps (resumed from default_1k), and dt_from_conv with m2_as_m1_h2's slow decay
+    # (m2_as_m1_h2_2k, which also reads dt from the conv, stays at chance).
+    "default_2k": {"model.mixer": "mamba2", "train.steps": 2000},
+    # dt_from_conv changes the init's draws (half the heads keep > 0.1 of a token 128 steps
+    # on, none by default): the slow decay alone (all heads keep it) to 2000 steps, resumed
+    # from slow_decay_1k.
+    "slow_decay_2k": {"model.mixer": "mamba2", _M2 + "a_init_range": (1 / 32, 0.5),
+                      "train.steps": 2000},
+    "m2_dt_conv_slow_2k": {"model.mixer": "mamba2", _M2 + "dt_from_conv": True,
+                           _M2 + "a_init_range": (1 / 32, 0.5), "train.steps": 2000},
+    # m2_as_m1_h2 at 16 heads of 8: eight times as many dt and A values per token (Mamba-1
+    # has one per channel), the next property when the 2-head runs stay at chance.
+    "m2_as_m1_h16_2k": {"model.mixer": "mamba2", "model.num_heads": 16,
+                        _M2 + "dt_from_conv": True, _M2 + "bc_from_conv": True,
+                        _M2 + "norm": False, _M2 + "a_init_range": (1 / 32, 0.5),
+                        "train.steps": 2000},
 }
 FULL = dict(seq_len=256, batch=16, d_model=64, lr=3e-3, short_conv=3, steps=500,
             eval_every=100, test_examples=128)
@@ -320,6 +347,15 @@ def init_memory(overrides: dict, size: dict, distance: int = 128, seed: int = 0)
           "frac_above_0.1": float(np.mean(keep > 0.1))}
 
 
+def _fresh(path: str, workdir: str):
+  """A cached per-model measurement, or None when it was taken at another step than the run's
+  newest checkpoint (a longer run resumed from a copy of a shorter one's directory)."""
+  from linear_attention.train import rundir
+
+  cached = su.read_json(path)
+  return cached if cached and cached.get("step") == rundir.newest_step_on_disk(workdir) else None
+
+
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "synthetic")
@@ -335,6 +371,10 @@ def main() -> int:
   p.add_argument("--ablate-state", default="mamba",
                  help="Mamba-1 variants whose final model is tested with some state dimensions "
                       "never written (see state_ablation; cached in the run directory)")
+  p.add_argument("--merge", action="store_true",
+                 help="keep the runs of the other variants already in <out>'s JSON (runs "
+                      "trained in another --runs folder or session); these variants' rows "
+                      "are replaced")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.steps:
@@ -360,17 +400,25 @@ def main() -> int:
   rows = su.train_grid("configs/induction_heads.py:size=small", points,
                        runs, args.workers, flags, collect_only=args.collect)
 
-  from linear_attention.train import results
+  from linear_attention.train import results, rundir
   b = min(size["test_examples"], 64)
   batches = -(-size["test_examples"] // b)
   for name, r in zip(names, rows):
     r["variant"] = name
-    if r["status"] != "done":
-      continue
+    if r["status"] == "done":
+      last = r["metrics"]["step"]
+    else:
+      # A run stopped part-way (the session's time ran out) is reported at its newest
+      # evaluated checkpoint, marked with the step it stopped at.
+      newest = rundir.newest_step_on_disk(r["workdir"]) or 0
+      last = newest // size["eval_every"] * size["eval_every"]
+      if last == 0:
+        continue
+      r["status"], r["stopped_at"] = "stopped", last
     cache_path = os.path.join(r["workdir"], "sparse_curve.json")
     cache = su.read_json(cache_path) or {}
     curve = []
-    for step in range(size["eval_every"], r["metrics"]["step"] + 1, size["eval_every"]):
+    for step in range(size["eval_every"], last + 1, size["eval_every"]):
       key = f"{step}:{size['seq_len']}:{b}x{batches}"
       if key not in cache:
         res = results.evaluate_checkpoint(r["workdir"], {"seq_len": size["seq_len"],
@@ -384,11 +432,11 @@ def main() -> int:
     r["sparse_test_curve"] = curve
     if name in args.context_test.split(","):
       ctx_path = os.path.join(r["workdir"], "context_test.json")
-      r["context_test"] = su.read_json(ctx_path) or context_test(r["workdir"])
+      r["context_test"] = _fresh(ctx_path, r["workdir"]) or context_test(r["workdir"])
       su.write_json(ctx_path, r["context_test"])
     if name in args.ablate_state.split(",") and r["overrides"]["model.mixer"] == "mamba":
       abl_path = os.path.join(r["workdir"], "state_ablation.json")
-      r["state_ablation"] = su.read_json(abl_path) or state_ablation(
+      r["state_ablation"] = _fresh(abl_path, r["workdir"]) or state_ablation(
           r["workdir"], size["test_examples"])
       su.write_json(abl_path, r["state_ablation"])
     if r["overrides"]["model.mixer"] == "mamba" and curve:
@@ -398,33 +446,47 @@ def main() -> int:
       su.write_json(a_path, r["decay_stats"])
     if name in args.check_forms.split(","):
       check_path = os.path.join(r["workdir"], "forms_agree.json")
-      r["forms_agree"] = su.read_json(check_path) or forms_agree(r["workdir"])
+      r["forms_agree"] = _fresh(check_path, r["workdir"]) or forms_agree(r["workdir"])
       su.write_json(check_path, r["forms_agree"])
     print(f"{name:>12}: sparse test " + " ".join(f"{c['step']}:{c['accuracy']:.2f}"
                                               for c in curve), flush=True)
     r["workdir"] = su.relative_path(r["workdir"])
 
   memory = {n: init_memory(pt, size) for n, pt in zip(names, points)}
+  variants = dict(zip(names, points))
+  out_path = os.path.join(args.out, "mamba2_induction_probe.json")
+  earlier = []
+  old = su.read_json(out_path) if args.merge else None
+  if old:
+    kept = [r for r in old["runs"] if r["variant"] not in variants]
+    rows = kept + rows
+    memory = {**{r["variant"]: old["init_memory"][r["variant"]] for r in kept}, **memory}
+    variants = {**{r["variant"]: old["config"]["variants"][r["variant"]] for r in kept},
+                **variants}
+    earlier = old.get("earlier_environments", []) + [old["environment"]]
   table = [{"variant": r["variant"], "mixer": r["overrides"]["model.mixer"],
             "init_memory": memory[r["variant"]]["frac_above_0.1"],
-            "dense_val": r["metrics"].get("validation_accuracy"),
-            "sparse_test": r["sparse_test_curve"][-1]["accuracy"] if r.get("sparse_test_curve")
-            else None,
-            "sparse_se": r["sparse_test_curve"][-1]["se"] if r.get("sparse_test_curve") else None,
-            "steps": r["metrics"].get("step")}
-           for r in rows if r["status"] == "done"]
+            "dense_val": next((v["accuracy"] for v in r["validation_curve"]
+                               if v["step"] == r["sparse_test_curve"][-1]["step"]), None),
+            "sparse_test": r["sparse_test_curve"][-1]["accuracy"],
+            "sparse_se": r["sparse_test_curve"][-1]["se"],
+            "steps": r["sparse_test_curve"][-1]["step"],
+            "stopped_at": r.get("stopped_at")}
+           for r in rows if r.get("sparse_test_curve")]
   out = {"study": "mamba2_induction_probe", "config": {"smoke": args.smoke, **size,
-                                                      "variants": dict(zip(names, points))},
+                                                      "variants": variants},
          "chance": 1 / 15, "init_memory": memory, "elapsed_s": time.time() - t0,
          "environment": su.environment(shared_machine=True), "table": table, "runs": rows}
+  if earlier:  # the sessions whose runs were kept by --merge
+    out["earlier_environments"] = earlier
   os.makedirs(args.out, exist_ok=True)
-  su.write_json(os.path.join(args.out, "mamba2_induction_probe.json"), out)
+  su.write_json(out_path, out)
   print(su.format_table(table, [("variant", "variant", "{}"), ("mixer", "mixer", "{}"),
                                 ("init_memory", "init mem", "{:.2f}"),
                                 ("dense_val", "dense val", "{:.3f}"),
                                 ("sparse_test", "sparse test", "{:.3f}"),
                                 ("sparse_se", "se", "{:.3f}"), ("steps", "steps", "{}")]))
-  return 0 if all(r["status"] == "done" for r in rows) else 1
+  return 0 if all(r["status"] in ("done", "stopped") for r in rows) else 1
 
 
 if __name__ == "__main__":
