@@ -797,7 +797,9 @@ def intra_scores_vector(q, k, gc):
 def dplr_chunk_terms(qh, kh, vh, ah, bh, g, seg, chunk_size: int, seg_prev=None):
   """The DPLR engine's state-independent chunk quantities, for all chunks at once.
 
-  Inputs are flat sub-steps ``[B, H, T, *]`` (``qh`` already scaled; ``g``
+  Inputs are flat sub-steps ``[B, H, T, *]`` (``qh`` already scaled; ``ah`` None
+  means ``a = -k``, the delta-rule maps', whose scores are then computed once:
+  ``A_qa = -A_qk``, ``L_ba = -L_bk``; ``g``
   ``[B, H, T, K]`` floored, see :func:`floor_log_decay`, or None), ``seg``
   from :func:`segment_index` or None, ``seg_prev [B]`` the segment index of the
   sub-step before the first (None: the rows start here). With the algebra of
@@ -818,7 +820,8 @@ def dplr_chunk_terms(qh, kh, vh, ah, bh, g, seg, chunk_size: int, seg_prev=None)
   pad = lambda x: pad_axis(x, c, axis=2)
   n = pad(qh).shape[2] // c
   split = lambda x: pad(x).reshape(x.shape[:2] + (n, c) + x.shape[3:])
-  qc, kc, vc, ac, bc = (split(x) for x in (qh, kh, vh, ah, bh))  # [B, H, N, C, *]
+  neg_k = ah is None
+  qc, kc, vc, bc = (split(x) for x in (qh, kh, vh, bh))  # [B, H, N, C, *]
   gc = jnp.cumsum(split(jnp.zeros_like(kh) if g is None else g), axis=3)  # inclusive
   ge = jnp.concatenate([jnp.zeros_like(gc[..., :1, :]), gc[..., :-1, :]], axis=3)  # exclusive
   last = gc[..., -1, :]  # [B, H, N, K]
@@ -833,21 +836,28 @@ def dplr_chunk_terms(qh, kh, vh, ah, bh, g, seg, chunk_size: int, seg_prev=None)
 
   # In-chunk scores, all chunks at once. L_xy[i, j] = A-style score of (b_i, y_j)
   # with the rows' decay stopped one step earlier: b moved one row back, then down.
-  # One call for the four: they share the decay factors, the costly part on a CPU.
+  # One call for the four (two when a = -k): they share the decay factors, the costly part
+  # on a CPU.
   b_next = jnp.concatenate([bc[..., 1:, :], jnp.zeros_like(bc[..., :1, :])], axis=3)
-  scores = intra_scores_by_diagonals(jnp.stack([qc, b_next], axis=3), jnp.stack([kc, ac], axis=3),
+  cols = [kc] if neg_k else [kc, split(ah)]
+  scores = intra_scores_by_diagonals(jnp.stack([qc, b_next], axis=3), jnp.stack(cols, axis=3),
                                      gc)
   down = lambda m: jnp.concatenate([jnp.zeros_like(m[..., :1, :]), m[..., :-1, :]], axis=-2)
   a_qk = jnp.where(incl, scores[..., 0, 0, :, :], 0.0)
-  a_qa = jnp.where(incl, scores[..., 0, 1, :, :], 0.0)
   l_bk = jnp.where(strict, down(scores[..., 1, 0, :, :]), 0.0)
-  l_ba = jnp.where(strict, down(scores[..., 1, 1, :, :]), 0.0)
+  if neg_k:
+    a_qa, l_ba = -a_qk, -l_bk
+  else:
+    a_qa = jnp.where(incl, scores[..., 0, 1, :, :], 0.0)
+    l_ba = jnp.where(strict, down(scores[..., 1, 1, :, :]), 0.0)
   inv = unit_lower_inverse(-l_ba)  # the UT transform (I - L_ba)^{-1}
   w = inv @ (bc * jnp.exp(ge) * sees_state)
   u0 = inv @ (l_bk @ vc)
   decay_to_end = jnp.exp(last[..., None, :] - gc) * to_end
-  return (qc * jnp.exp(gc) * sees_state, a_qa, a_qk, u0, w, ac * decay_to_end,
-          kc * decay_to_end, jnp.exp(last) * carries)
+  k_end = kc * decay_to_end
+  a_end = -k_end if neg_k else split(ah) * decay_to_end
+  return (qc * jnp.exp(gc) * sees_state, a_qa, a_qk, u0, w, a_end, k_end,
+          jnp.exp(last) * carries)
 
 
 def check_dplr_inputs(q, k, v, a, b, log_decay):
