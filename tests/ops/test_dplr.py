@@ -384,13 +384,15 @@ def test_default_chunk_size_by_backend(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["intra_scores", "intra_scores_by_diagonals"])
-@pytest.mark.parametrize("c", [16, 12, 7])
+@pytest.mark.parametrize("c", [64, 16, 12, 7])
 def test_intra_scores_of_several_inputs_against_dense_pairs(c, name):
   """The chunk form's shared in-chunk scores (two row and two column inputs, one call) equal
   the dense ``sum_k x_ik y_jk exp(G_ik - G_jk)``, ``j <= i``, forward and gradient in float64,
-  with sub-chunks of 8, 4 (c = 12) and 1 (c = 7) (4, 4, 1 by diagonals, the DPLR engine's
-  form), and steps down to the -inf floor."""
+  with sub-chunks of 8, 8, 4 (c = 12) and 1 (c = 7) (8, 4, 3, 1 by diagonals: the largest
+  divisor at most ``sqrt(c)``), and steps down to the -inf floor."""
   from linear_attention import common
+  if name == "intra_scores_by_diagonals":
+    assert common._diagonal_subchunk(c) == {64: 8, 16: 4, 12: 3, 7: 1}[c]
   with jax.enable_x64(True):
     rng = _rng(c)
     x, y = (jnp.asarray(rng.standard_normal((2, 3, 2, c, 5))) for _ in range(2))
