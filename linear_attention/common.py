@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -694,7 +695,8 @@ def intra_scores(x, y, gc):
   reference, ``exp(G_i - R_I) exp(R_I - G_j)`` (one matmul per row sub-chunk); pairs inside one
   sub-chunk take the exact pairwise difference (see :func:`_intra_factors`). The gradient is
   written out (:func:`_intra_bwd`): differentiated automatically, the ``[..., n, s, s, K]``
-  products took 40x the forward on a CPU.
+  products took 40x the forward on a CPU. GLA and log-linear use it; the DPLR engine uses
+  :func:`intra_scores_by_diagonals` (why two, with the numbers: there).
   """
   x4, y4, _, xs, yt, _, pair = _intra_parts(x, y, gc)
   r, n, s = x4.shape[-4:-1]
@@ -734,10 +736,15 @@ def _intra_bwd(res, ds):
 intra_scores.defvjp(_intra_fwd, _intra_bwd)
 
 
-# Sub-chunk length of intra_scores_by_diagonals. Measured (KDA's four inputs, B=1, H=4,
-# K=64, T=4096, 32-step chunks, one thread, CPU time): 4 against 8, forward 97 against 142 ms
-# and forward+backward 228 against 284 ms (intra_scores: 148 and 424 ms).
-_DIAGONAL_SUBCHUNK = 4
+def _diagonal_subchunk(c: int) -> int:
+  """Sub-chunk length of :func:`intra_scores_by_diagonals` for chunks of ``c`` steps: the
+  largest divisor of ``c`` at most ``sqrt(c)`` (4 for 32, 8 for 64). Pairs in earlier
+  sub-chunks cost ``c^2 / (2 s)`` exps per channel and pairs inside one ``c s / 2``, least
+  near ``s = sqrt(c)``. Measured (B=1, H=4, K=64, T=4096, one thread, CPU time;
+  experiments/bench_scores.py): KDA at 32-step chunks, 4 against 8: 125 against 170 ms
+  forward, 427 against 444 ms forward+backward; GLA at 64-step chunks, 8 against 4: 60
+  against 55 ms forward, 209 against 263 ms forward+backward."""
+  return _subchunk_size(c, math.isqrt(c))
 
 
 def _diagonal_factors(gc, s: int):
@@ -800,20 +807,37 @@ def _diagonal_apply(x, y, rows, cols, bands):
 
 @jax.custom_vjp
 def intra_scores_by_diagonals(x, y, gc):
-  """:func:`intra_scores` computed another way, the DPLR engine's (faster there on a CPU).
+  """:func:`intra_scores` computed another way, the DPLR engine's.
 
   Args and result as :func:`intra_scores`: ``x [..., R, C, K]``, ``y [..., P, C, K]``, ``gc
-  [..., C, K]`` -> ``[..., R, P, C, C]``. Sub-chunks of :data:`_DIAGONAL_SUBCHUNK` steps; pairs
-  in earlier sub-chunks: one matmul per row sub-chunk against only the columns before it;
-  pairs inside one sub-chunk: one diagonal ``i - j = d`` at a time, elementwise with ``K``
-  reduced (:func:`_diagonal_factors`). The scores are bilinear in ``x, y`` for fixed factors,
-  so the gradient (:func:`_diagonals_bwd`) is that bilinear map's plus ``dG = sum x dx - sum y
-  dy`` (``G`` enters only as ``G_i - G_j``): no derivative through an ``exp``. Measured for
-  KDA's two-by-two inputs (module comment at :data:`_DIAGONAL_SUBCHUNK`) it is 1.5x faster
-  forward and 1.8x forward+backward than :func:`intra_scores`; in GLA's one-by-one use at
-  64-step chunks the whole op's forward+backward was slower with it, so GLA keeps that one.
+  [..., C, K]`` -> ``[..., R, P, C, C]``. Sub-chunks of :func:`_diagonal_subchunk` steps
+  (about ``sqrt(C)``); pairs in earlier sub-chunks: one matmul per row sub-chunk against only
+  the columns before it; pairs inside one sub-chunk: one diagonal ``i - j = d`` at a time,
+  elementwise with ``K`` reduced (:func:`_diagonal_factors`). The scores are bilinear in
+  ``x, y`` for fixed factors, so the gradient (:func:`_diagonals_bwd`) is that bilinear map's
+  plus ``dG = sum x dx - sum y dy`` (``G`` enters only as ``G_i - G_j``): no derivative
+  through an ``exp``.
+
+  Why two implementations: neither is faster in every op. Whole-op CPU ms, forward /
+  forward+backward, B=1, H=4, K=V=64, T=4096, one thread, each op's default chunk, two runs
+  on a loaded 2-core machine (experiments/bench_scores.py; results/bench_scores_cpu*.json):
+
+  ================================  =====  =====================  =====================
+  op (row x column inputs)          chunk  intra_scores           by diagonals
+  ================================  =====  =====================  =====================
+  GLA (1 x 1)                       64     68 / 211, 79 / 227     60 / 209, 69 / 244
+  KDA (2 x 1, ``a = -k``)           32     113 / 384, 129 / 410   125 / 427, 126 / 470
+  Gated DeltaProduct (2 x 1, R=2)   64     292 / 999              318 / 973
+  RWKV-7 (2 x 2)                    32     202 / 584              169 / 579
+  ================================  =====  =====================  =====================
+
+  With 4-step sub-chunks at GLA's 64-step chunks (the length before
+  :func:`_diagonal_subchunk`), GLA's forward+backward was 263 ms against 209 with 8: that was
+  why GLA got slower with this function. Now the two agree within the machine's noise except
+  KDA's forward+backward (intra_scores 10-13% faster in both runs, but not DeltaProduct's);
+  GLA and log-linear keep :func:`intra_scores`, the DPLR engine this one.
   """
-  s = _subchunk_size(gc.shape[-2], _DIAGONAL_SUBCHUNK)
+  s = _diagonal_subchunk(gc.shape[-2])
   return _diagonal_apply(x, y, *_diagonal_factors(gc, s))
 
 
@@ -823,7 +847,7 @@ def _diagonals_fwd(x, y, gc):
 
 def _diagonals_bwd(res, ds):
   x, y, gc = res
-  factors = _diagonal_factors(gc, _subchunk_size(gc.shape[-2], _DIAGONAL_SUBCHUNK))
+  factors = _diagonal_factors(gc, _diagonal_subchunk(gc.shape[-2]))
   dx, dy = jax.vjp(lambda x, y: _diagonal_apply(x, y, *factors), x, y)[1](ds)
   return dx, dy, jnp.sum(x * dx, axis=-3) - jnp.sum(y * dy, axis=-3)
 
@@ -840,7 +864,9 @@ def intra_scores_vector(q, k, gc):
 def dplr_chunk_terms(qh, kh, vh, ah, bh, g, seg, chunk_size: int, seg_prev=None):
   """The DPLR engine's state-independent chunk quantities, for all chunks at once.
 
-  Inputs are flat sub-steps ``[B, H, T, *]`` (``qh`` already scaled; ``g``
+  Inputs are flat sub-steps ``[B, H, T, *]`` (``qh`` already scaled; ``ah`` None
+  means ``a = -k``, the delta-rule maps', whose scores are then computed once:
+  ``A_qa = -A_qk``, ``L_ba = -L_bk``; ``g``
   ``[B, H, T, K]`` floored, see :func:`floor_log_decay`, or None), ``seg``
   from :func:`segment_index` or None, ``seg_prev [B]`` the segment index of the
   sub-step before the first (None: the rows start here). With the algebra of
@@ -861,7 +887,8 @@ def dplr_chunk_terms(qh, kh, vh, ah, bh, g, seg, chunk_size: int, seg_prev=None)
   pad = lambda x: pad_axis(x, c, axis=2)
   n = pad(qh).shape[2] // c
   split = lambda x: pad(x).reshape(x.shape[:2] + (n, c) + x.shape[3:])
-  qc, kc, vc, ac, bc = (split(x) for x in (qh, kh, vh, ah, bh))  # [B, H, N, C, *]
+  neg_k = ah is None
+  qc, kc, vc, bc = (split(x) for x in (qh, kh, vh, bh))  # [B, H, N, C, *]
   gc = jnp.cumsum(split(jnp.zeros_like(kh) if g is None else g), axis=3)  # inclusive
   ge = jnp.concatenate([jnp.zeros_like(gc[..., :1, :]), gc[..., :-1, :]], axis=3)  # exclusive
   last = gc[..., -1, :]  # [B, H, N, K]
@@ -876,21 +903,28 @@ def dplr_chunk_terms(qh, kh, vh, ah, bh, g, seg, chunk_size: int, seg_prev=None)
 
   # In-chunk scores, all chunks at once. L_xy[i, j] = A-style score of (b_i, y_j)
   # with the rows' decay stopped one step earlier: b moved one row back, then down.
-  # One call for the four: they share the decay factors, the costly part on a CPU.
+  # One call for the four (two when a = -k): they share the decay factors, the costly part
+  # on a CPU.
   b_next = jnp.concatenate([bc[..., 1:, :], jnp.zeros_like(bc[..., :1, :])], axis=3)
-  scores = intra_scores_by_diagonals(jnp.stack([qc, b_next], axis=3), jnp.stack([kc, ac], axis=3),
+  cols = [kc] if neg_k else [kc, split(ah)]
+  scores = intra_scores_by_diagonals(jnp.stack([qc, b_next], axis=3), jnp.stack(cols, axis=3),
                                      gc)
   down = lambda m: jnp.concatenate([jnp.zeros_like(m[..., :1, :]), m[..., :-1, :]], axis=-2)
   a_qk = jnp.where(incl, scores[..., 0, 0, :, :], 0.0)
-  a_qa = jnp.where(incl, scores[..., 0, 1, :, :], 0.0)
   l_bk = jnp.where(strict, down(scores[..., 1, 0, :, :]), 0.0)
-  l_ba = jnp.where(strict, down(scores[..., 1, 1, :, :]), 0.0)
+  if neg_k:
+    a_qa, l_ba = -a_qk, -l_bk
+  else:
+    a_qa = jnp.where(incl, scores[..., 0, 1, :, :], 0.0)
+    l_ba = jnp.where(strict, down(scores[..., 1, 1, :, :]), 0.0)
   inv = unit_lower_inverse(-l_ba)  # the UT transform (I - L_ba)^{-1}
   w = inv @ (bc * jnp.exp(ge) * sees_state)
   u0 = inv @ (l_bk @ vc)
   decay_to_end = jnp.exp(last[..., None, :] - gc) * to_end
-  return (qc * jnp.exp(gc) * sees_state, a_qa, a_qk, u0, w, ac * decay_to_end,
-          kc * decay_to_end, jnp.exp(last) * carries)
+  k_end = kc * decay_to_end
+  a_end = -k_end if neg_k else split(ah) * decay_to_end
+  return (qc * jnp.exp(gc) * sees_state, a_qa, a_qk, u0, w, a_end, k_end,
+          jnp.exp(last) * carries)
 
 
 def check_dplr_inputs(q, k, v, a, b, log_decay):

@@ -118,7 +118,8 @@ def chunk_dplr_attention(
     q: ``[B, T, H, K]``; its dtype is that of the kernels' dot operands (16-bit
       inputs run on the tensor cores; the state is float32 always).
     k, a, b: ``[B, T, H, K]`` or ``[B, T, H, R, K]`` (``R`` sub-steps per token);
-      v: ``[B, T, H, V]`` or ``[B, T, H, R, V]``.
+      v: ``[B, T, H, V]`` or ``[B, T, H, R, V]``. ``a`` None means ``a = -k`` (KDA's and
+      DeltaProduct's map), whose in-chunk scores are then computed once.
     log_decay: None, ``[B, T, H]`` (per head) or ``[B, T, H, K]`` (per key
       channel), values ``<= 0`` (``-inf`` included; checked when concrete).
     scale: output scale; ``None`` means ``K ** -0.5``.
@@ -136,7 +137,7 @@ def chunk_dplr_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
   """
-  bsz, t, h, dk, dv = common.check_dplr_inputs(q, k, v, a, b, log_decay)
+  bsz, t, h, dk, dv = common.check_dplr_inputs(q, k, v, k if a is None else a, b, log_decay)
   common.check_sequence_args("chunk", chunk_size, segment_ids, bsz, t, initial_state,
                              (bsz, h, dk, dv))
   if block_sizes is None:  # the default depends on the dtype too
@@ -146,7 +147,7 @@ def chunk_dplr_attention(
       ChunkDeltaBlockSizes, interpret)
   blocks.check_chunk(chunk_size, platform)
   if k.ndim == 4:  # rank one: R = 1
-    k, v, a, b = (x[:, :, :, None] for x in (k, v, a, b))
+    k, v, a, b = (None if x is None else x[:, :, :, None] for x in (k, v, a, b))
   if log_decay is not None and log_decay.ndim == 3:  # one decay per head, for every channel
     log_decay = jnp.broadcast_to(log_decay[..., None], log_decay.shape + (dk,))
   o, state = _chunk_dplr(q, k, v, a, b, log_decay, initial_state, segment_ids,
@@ -160,7 +161,8 @@ def chunk_dplr_attention(
 def _chunk_dplr(q, k, v, a, b, log_decay, initial_state, segment_ids, *, scale, chunk,
                 block_sizes, platform, interpret):
   """Sub-steps flattened, the XLA chunk terms, layout and padding around :func:`_core`.
-  ``k, a, b [B, T, H, R, K]``, ``v [B, T, H, R, V]``, ``log_decay [B, T, H, K]`` or None."""
+  ``k, a, b [B, T, H, R, K]`` (``a`` None: ``-k``), ``v [B, T, H, R, V]``, ``log_decay [B,
+  T, H, K]`` or None."""
   bsz, t, h, dk = q.shape
   r, dv = v.shape[3], v.shape[-1]
   acc = jnp.float32
@@ -183,7 +185,7 @@ def _chunk_dplr(q, k, v, a, b, log_decay, initial_state, segment_ids, *, scale, 
       log_decay.astype(acc)), 0))  # floored: -inf would give inf - inf in the cumsums
   seg = None if segment_ids is None else jnp.repeat(common.segment_index(segment_ids), r, 1)
   qg, a_qa, a_qk, u0, w, a_end, k_end, decay = common.dplr_chunk_terms(
-      qh, flat(k), flat(v), flat(a), flat(b), g, seg, chunk)
+      qh, flat(k), flat(v), None if a is None else flat(a), flat(b), g, seg, chunk)
   n = decay.shape[2]
   tp = n * chunk
 

@@ -241,15 +241,17 @@ def _use_kernel(implementation, form, q, v, chunk_size) -> bool:
 
 def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, segment_ids,
          pallas=False):
-  """Checked inputs in (``k, v, a, b`` with or without the ``R`` axis), ``(o, state)`` out;
-  ``o`` in the accumulation dtype (the dtype of ``q`` from the kernel, ``pallas=True``)."""
+  """Checked inputs in (``k, v, a, b`` with or without the ``R`` axis; ``a`` None means
+  ``a = -k``, the delta-rule maps', whose chunk form then computes its scores once),
+  ``(o, state)`` out; ``o`` in the accumulation dtype (the dtype of ``q`` from the kernel,
+  ``pallas=True``)."""
   if pallas:
     return kernel.chunk_dplr_attention(q, k, v, a, b, log_decay, scale=scale,
                                        chunk_size=chunk_size, initial_state=initial_state,
                                        return_state=True, segment_ids=segment_ids)
   t, h, dk = q.shape[1:]
   if k.ndim == 4:  # rank one: R = 1
-    k, v, a, b = (x[:, :, :, None] for x in (k, v, a, b))
+    k, v, a, b = (None if x is None else x[:, :, :, None] for x in (k, v, a, b))
   if log_decay is not None and log_decay.ndim == 3:  # one decay per head, for every channel
     log_decay = jnp.broadcast_to(log_decay[..., None], log_decay.shape + (dk,))
   form, gradient_form = resolve_form(form, k.shape[3])
@@ -295,7 +297,9 @@ def _forms(q, k, v, a, b, g, initial_state, segment_ids, scale, *, form, chunk_s
   # Work in [B, H, T, *]: heads become a batch axis of every matmul.
   heads = lambda x: jnp.swapaxes(x, 1, 2).astype(acc)
   qh = heads(q) * jnp.asarray(scale, acc)
-  kh, vh, ah, bh = (heads(x) for x in (k, v, a, b))
+  kh, vh, bh = (heads(x) for x in (k, v, b))
+  # a = -k (a None): only the chunk form has a cheaper path for it.
+  ah = heads(a) if a is not None else None if form == "chunk" else -kh
   gh = None if g is None else common.floor_log_decay(heads(g))  # -inf would give inf - inf
   seg = None if segment_ids is None else common.segment_index(segment_ids)
   s0 = common.zero_state(qh, vh[:, :, :, 0]) if initial_state is None else initial_state.astype(acc)
@@ -320,11 +324,12 @@ def _flatten(qh, kh, vh, ah, bh, gh, seg):
   flat = lambda x: x.reshape(x.shape[:2] + (t * r,) + x.shape[4:])
   before = lambda x, n: jnp.zeros(x.shape[:3] + (n,) + x.shape[3:], x.dtype)
   qf = flat(jnp.concatenate([before(qh, r - 1), qh[:, :, :, None]], axis=3))
+  af = None if ah is None else flat(ah)
   gf = None
   if gh is not None:
     gf = flat(jnp.concatenate([gh[:, :, :, None], before(gh, r - 1)], axis=3))
   segf = None if seg is None else jnp.repeat(seg, r, axis=1)
-  return qf, flat(kh), flat(vh), flat(ah), flat(bh), gf, segf
+  return qf, flat(kh), flat(vh), af, flat(bh), gf, segf
 
 
 def _token(s, k, v, a, b, g):
@@ -703,8 +708,8 @@ def kda(
                              (bsz, h, dk, dv), auto=True)
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
-  wk, ea, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
-  o, state = _run_in(context, q, wk, v, ea, eb, log_alpha,
+  wk, _, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
+  o, state = _run_in(context, q, wk, v, None, eb, log_alpha,  # a = -wk
                      scale=common.resolve_scale(scale, dk), form=form,
                      chunk_size=chunk_size, initial_state=initial_state,
                      segment_ids=segment_ids, pallas=pallas)
@@ -814,8 +819,8 @@ def gated_deltaproduct(
                              (bsz, h, dk, dv), auto=True)
   if normalize_qk:
     q, k = delta_ops._l2_normalize(q), delta_ops._l2_normalize(k)
-  wk, ea, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))
-  o, state = _run_in(context, q, wk, v, ea, eb, log_decay,
+  wk, _, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))
+  o, state = _run_in(context, q, wk, v, None, eb, log_decay,  # a = -wk
                      scale=common.resolve_scale(scale, dk), form=form,
                      chunk_size=chunk_size, initial_state=initial_state,
                      segment_ids=segment_ids, pallas=pallas)

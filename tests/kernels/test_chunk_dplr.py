@@ -82,6 +82,22 @@ class TestChunkDplrKernel:
     seg = jnp.asarray([[0] * 10 + [1] * 22 + [2] * 5], jnp.int32)
     _check_against(path, (q, k, v, a, b, g, s0), forms=("recurrent",), segment_ids=seg)
 
+  def test_a_none_is_minus_k(self, path):
+    # a = None (KDA's and DeltaProduct's a = -k: the chunk terms compute the scores once)
+    # against the recurrence given a = -k, with segments and a per-channel decay.
+    q, k, v, _, b, g, s0 = make(seed=3)
+    seg = jnp.asarray([[0] * 20 + [1] * 17], jnp.int32)
+    kernel = lambda q, k, v, b, g, s0: cdp.chunk_dplr_attention(
+        q, k, v, None, b, g, initial_state=s0, return_state=True, segment_ids=seg, **path)
+    ref = lambda q, k, v, b, g, s0: ops.dplr_attention(
+        q, k, v, -k, b, g, initial_state=s0, return_state=True, segment_ids=seg,
+        form="recurrent")
+    out, expected, grads, ref_grads = _vjps(kernel, ref, (q, k, v, b, g, s0))
+    assert_close(out[0], expected[0], 1e-4, 1e-4, "o")
+    assert_close(out[1], expected[1], 1e-4, 1e-4, "state")
+    _assert_grads_close(grads, ref_grads, 1e-4, 1e-4,
+                        ("q", "k", "v", "b", "log_decay", "initial_state"))
+
   def test_bfloat16_inputs(self, path):
     # bf16 dot operands (the chunk terms rounded once; the float32 state and U where they
     # meet a dot) with float32 accumulation and state: outputs and gradients (relative to

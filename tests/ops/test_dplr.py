@@ -183,6 +183,42 @@ def test_chunk_blocks_carry_state_and_segments():
   helpers.assert_tree_close(got, want, 1e-4, 1e-4, "chunk blocks against recurrent")
 
 
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("variant", ["kda", "deltaproduct"])
+def test_delta_maps_fast_path_is_the_general_engine(variant, form):
+  """KDA and Gated DeltaProduct hand the engine ``a = None`` (``a = -`` the write key), whose
+  chunk form computes its in-chunk scores once (``A_qa = -A_qk``, ``L_ba = -L_bk``): the same
+  outputs, final state and gradients (the initial state's included) as the general engine
+  given ``a = -`` the write key, with packed segments, an initial state and an odd length
+  (37 tokens: chunks of 16 sub-steps, the last one short)."""
+  from linear_attention.ops import dplr
+  t = 37
+  q, k, v, beta, g, s0, seg = _delta_inputs(21, t)
+  rng = _rng(22)
+  if variant == "kda":
+    g = jax.nn.log_sigmoid(2.0 + _normal(rng, B, t, H, K))  # per channel
+    fast_op, engine_map, chunk = ops.kda, dplr._kda_map, 16
+  else:  # R = 2 steps per token
+    k = jnp.stack([k, _unit(_normal(rng, B, t, H, K))], axis=3)
+    v = jnp.stack([v, _normal(rng, B, t, H, V)], axis=3)
+    beta = jnp.stack([beta, jnp.asarray(rng.uniform(0.05, 1.95, (B, t, H)), F32)], axis=-1)
+    fast_op, engine_map, chunk = ops.gated_deltaproduct, dplr._deltaproduct_map, 8
+  kw = dict(form=form, chunk_size=chunk, return_state=True, segment_ids=seg)
+
+  wk, a, _ = engine_map(k, beta, g, F32)
+  helpers.assert_close(a, -wk, 0, 0, "the map's a is minus its write key")
+
+  def general(q, k, v, beta, g, s0):
+    wk, a, b = engine_map(k, beta, g, F32)
+    return ops.dplr_attention(q, wk, v, a, b, g, initial_state=s0, **kw)
+
+  fast = lambda q, k, v, beta, g, s0: fast_op(q, k, v, beta, g, initial_state=s0, **kw)
+  args = (q, k, v, beta, g, s0)
+  helpers.assert_tree_close(helpers.value_and_grads(fast, args),
+                            helpers.value_and_grads(general, args), 2e-5, 2e-5,
+                            f"{variant} {form}")
+
+
 @pytest.mark.parametrize("op", ["kda", "rwkv7"])
 def test_strong_decay_is_finite_and_forms_agree(op):
   """Log decays down to -20 per step, some -inf, chunks of 32: no overflow, no NaN, the
@@ -318,13 +354,15 @@ def test_default_chunk_size_by_backend(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["intra_scores", "intra_scores_by_diagonals"])
-@pytest.mark.parametrize("c", [16, 12, 7])
+@pytest.mark.parametrize("c", [64, 16, 12, 7])
 def test_intra_scores_of_several_inputs_against_dense_pairs(c, name):
   """The chunk form's shared in-chunk scores (two row and two column inputs, one call) equal
   the dense ``sum_k x_ik y_jk exp(G_ik - G_jk)``, ``j <= i``, forward and gradient in float64,
-  with sub-chunks of 8, 4 (c = 12) and 1 (c = 7) (4, 4, 1 by diagonals, the DPLR engine's
-  form), and steps down to the -inf floor."""
+  with sub-chunks of 8, 8, 4 (c = 12) and 1 (c = 7) (8, 4, 3, 1 by diagonals: the largest
+  divisor at most ``sqrt(c)``), and steps down to the -inf floor."""
   from linear_attention import common
+  if name == "intra_scores_by_diagonals":
+    assert common._diagonal_subchunk(c) == {64: 8, 16: 4, 12: 3, 7: 1}[c]
   with jax.enable_x64(True):
     rng = _rng(c)
     x, y = (jnp.asarray(rng.standard_normal((2, 3, 2, c, 5))) for _ in range(2))
