@@ -256,8 +256,9 @@ def all_cases() -> list[Case]:
 CASES = {c.name: c for c in all_cases()}
 
 # What CI's compile stage (tests/kernels/test_compile_{gpu,tpu}.py) compiles where:
-# every kernel in every mode (decay, attention, delta/gated, scan direction) for all
-# four targets, each target with the "dtype/shape" groups below. What each group checks:
+# every kernel in every mode (decay, attention, delta/gated) for all four targets (the
+# scan's reverse direction at the odd shape, on H200 and v5e), each target with the
+# "dtype/shape" groups below (tests/kernels/test_aot_cases.py). What each group checks:
 # * bf16/gpu_check on H200 and A100: shared memory, registers and no spills at the
 #   shapes users run (issue 27); Triton's tiles depend on the GPU and the dtype.
 # * f32/gpu_check on H200: float32's own tiles and its measured spill exceptions
