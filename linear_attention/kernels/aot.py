@@ -122,7 +122,9 @@ def compile_only_device(target: str):
 # The experiments/gpu_check.py shapes; a small odd one (padding everywhere); and
 # "small": the gpu_check tiles (K = V = 128, T a multiple of every block, scan channels
 # a multiple of 128: the same Pallas kernel bodies, only the grid is smaller) at a size
-# whose TPU compile costs a third (chunk_decay per-channel on v5e: 4.3 vs 13.8 CPU s).
+# whose TPU compile costs less: chunk_decay per-channel bf16 on v6e 4.9 vs 28.4 CPU s;
+# chunk_delta on v5e 43-59 CPU s, where at gpu_check it did not finish in 1200 s (wall,
+# 2 loaded cores; 2026-12-03, compile_case's cpu_seconds).
 SHAPES = {
     "gpu_check": dict(b=4, t=8192, h=16, k=128, v=128, hkv=16, scan_t=4096, scan_d=(2048,)),
     "odd": dict(b=1, t=333, h=4, k=40, v=72, hkv=2, scan_t=333, scan_d=(3, 40)),
@@ -267,7 +269,7 @@ CASES = {c.name: c for c in all_cases()}
 # * bf16/odd on H200 and v5e: padding (K 40, V 72, T 333) and GQA. f32/odd is cut on
 #   every target: its padding is the bf16 case's and its tiles those of f32/gpu_check.
 # * TPU at "small" instead of "gpu_check": Mosaic sees the same block shapes and kernel
-#   bodies (only the grid shrinks) and the compile costs a third; both dtypes on v5e,
+#   bodies (only the grid shrinks) and the compile costs less (above); both dtypes on v5e,
 #   bf16 on v6e (float32 takes the same (8, 128) tiling on both chips).
 # experiments/compile_report.py (and this module's CLI) compile every case on every target.
 CI_GROUPS = {

@@ -10,7 +10,7 @@ GPU targets' too: ``aot_fixtures.compiled_fixture``).
 
 Cases (``aot.CI_GROUPS``, which says why): every kernel and mode at the "small"
 shape (the ``gpu_check`` tiles, K = V = 128, on a smaller grid: the same Mosaic
-kernels for a third of the compile time) in bfloat16 and float32 on v5e and in
+kernels, cheaper to compile) in bfloat16 and float32 on v5e and in
 bfloat16 on v6e, and in bfloat16 at the odd shape (padding, GQA) on v5e.
 
 Runs in ``.ci/run``'s compile stage (Python 3.12, jax 0.11.2, libtpu 0.0.48);
