@@ -35,6 +35,7 @@ import json
 import os
 import re
 import concurrent.futures
+import resource
 import subprocess
 import sys
 import tempfile
@@ -118,10 +119,16 @@ def compile_only_device(target: str):
 
 # ------------------------------------------------------------------------- cases
 
-# The experiments/gpu_check.py shapes, and a small odd one (padding everywhere).
+# The experiments/gpu_check.py shapes; a small odd one (padding everywhere); and
+# "small": the gpu_check tiles (K = V = 128, T a multiple of every block, scan channels
+# a multiple of 128: the same Pallas kernel bodies, only the grid is smaller) at a size
+# whose TPU compile costs less: chunk_decay per-channel bf16 on v6e 4.9 vs 28.4 CPU s;
+# chunk_delta on v5e 43-59 CPU s, where at gpu_check it did not finish in 1200 s (wall,
+# 2 loaded cores; 2026-12-03, compile_case's cpu_seconds).
 SHAPES = {
     "gpu_check": dict(b=4, t=8192, h=16, k=128, v=128, hkv=16, scan_t=4096, scan_d=(2048,)),
     "odd": dict(b=1, t=333, h=4, k=40, v=72, hkv=2, scan_t=333, scan_d=(3, 40)),
+    "small": dict(b=1, t=1024, h=4, k=128, v=128, hkv=2, scan_t=1024, scan_d=(256,)),
 }
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 
@@ -236,7 +243,7 @@ def _scan_case(dtype, shape, reverse):
 
 def all_cases() -> list[Case]:
   """Every kernel, forward and backward, bf16 and f32, every decay/attention
-  mode, initial and final state, at the ``gpu_check`` and ``odd`` shapes."""
+  mode, initial and final state, at every shape of :data:`SHAPES`."""
   out = []
   for shape in SHAPES:
     for dtype in DTYPES:
@@ -250,28 +257,67 @@ def all_cases() -> list[Case]:
 
 CASES = {c.name: c for c in all_cases()}
 
+# What CI's compile stage (tests/kernels/test_compile_{gpu,tpu}.py) compiles where:
+# every kernel in every mode (decay, attention, delta/gated) for all four targets (the
+# scan's reverse direction at the odd shape, on H200 and v5e), each target with the
+# "dtype/shape" groups below (tests/kernels/test_aot_cases.py). What each group checks:
+# * bf16/gpu_check on H200 and A100: shared memory, registers and no spills at the
+#   shapes users run (issue 27); Triton's tiles depend on the GPU and the dtype.
+# * f32/gpu_check on H200: float32's own tiles and its measured spill exceptions
+#   (test_compile_gpu.ACCEPTED_SPILLS). Not on A100: the same tiles as H200's, with
+#   less shared memory per block, which the bf16 cases already bound.
+# * bf16/odd on H200 and v5e: padding (K 40, V 72, T 333) and GQA. f32/odd is cut on
+#   every target: its padding is the bf16 case's and its tiles those of f32/gpu_check.
+# * TPU at "small" instead of "gpu_check": Mosaic sees the same block shapes and kernel
+#   bodies (only the grid shrinks) and the compile costs less (above); both dtypes on v5e,
+#   bf16 on v6e (float32 takes the same (8, 128) tiling on both chips).
+# experiments/compile_report.py (and this module's CLI) compile every case on every target.
+CI_GROUPS = {
+    "h200": ("bf16/gpu_check", "f32/gpu_check", "bf16/odd"),
+    "a100": ("bf16/gpu_check",),
+    "v5e": ("bf16/small", "f32/small", "bf16/odd"),
+    "v6e": ("bf16/small",),
+}
+
+
+def ci_cases(target: str) -> list[str]:
+  """The names of the cases CI compiles for ``target`` (:data:`CI_GROUPS`), sorted."""
+  platform_of(target)
+  if target not in CI_GROUPS:
+    raise ValueError(f"target must be one of {list(CI_GROUPS)} for CI, got {target!r}.")
+  groups = tuple("/" + g for g in CI_GROUPS[target])
+  return sorted(n for n in CASES if n.endswith(groups))
+
 # -------------------------------------------------------------- one case in-process
 
 _MARK = "@@aot-case "
 
 
+def _cpu_seconds() -> float:
+  """CPU time of this process (all threads) and of its finished children (ptxas)."""
+  kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return time.process_time() + kids.ru_utime + kids.ru_stime
+
+
 def compile_case(device, case: Case, dump_dir: str | None = None) -> dict:
-  """Compiles ``case`` for ``device``; ``{"ok", "error", "seconds"}``. The kernels
-  see the device through ``jax.default_device`` and pick their platform from it."""
+  """Compiles ``case`` for ``device``; ``{"ok", "error", "seconds", "cpu_seconds"}``
+  (wall and CPU time: on a shared machine the CPU time is the comparable one). The
+  kernels see the device through ``jax.default_device`` and pick their platform from it."""
   sharding = jax.sharding.SingleDeviceSharding(device)
   spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), _cpu_seconds()
+  times = lambda: {"seconds": time.perf_counter() - t0, "cpu_seconds": _cpu_seconds() - c0}
   try:
     fn, args = case.build(spec)
     options = {"xla_dump_to": dump_dir} if dump_dir else None
     with jax.default_device(device):
       jax.jit(fn).trace(*args).lower().compile(compiler_options=options)
-    return {"ok": True, "error": None, "seconds": time.perf_counter() - t0}
+    return {"ok": True, "error": None, **times()}
   except Exception as e:  # noqa: BLE001 - the compiler's error is the result
     msg = f"{type(e).__name__}: {e}"
     if not str(e):
       msg += "\n" + traceback.format_exc()[-1500:]
-    return {"ok": False, "error": msg[:4000], "seconds": time.perf_counter() - t0}
+    return {"ok": False, "error": msg[:4000], **times()}
 
 
 def _child(target: str, names: list[str], dump_root: str | None) -> int:

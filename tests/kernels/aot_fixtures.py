@@ -3,6 +3,10 @@ compile fixture and the case selection (see ``test_compile_gpu.py``)."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import jax
 import pytest
 
@@ -12,6 +16,7 @@ from linear_attention.kernels import aot
 _MODULES: list[str] = []
 _DETAIL: list[bool] = []
 _RESULTS: dict[str, dict[str, dict]] = {}
+SUMMARY: list[str] = []  # the compile timing summary, once compiled
 
 
 def old_jax(what: str) -> str | None:
@@ -42,8 +47,14 @@ def compiled_fixture(module_name: str, detail: bool, available: bool = True):
           params = getattr(getattr(item, "callspec", None), "params", {})
           if item.module.__name__ in _MODULES and "target" in params:
             wanted.setdefault(params["target"], set()).add(params["case"])
+        t0 = time.monotonic()
         _RESULTS.update(aot.run_targets({t: sorted(c) for t, c in wanted.items()},
                                         timeout=1200, detail=any(_DETAIL)))
+        wall = time.monotonic() - t0
+        SUMMARY.append(timing_summary(_RESULTS, wall))  # printed by tests/kernels/conftest.py
+        if (path := os.environ.get("LINEAR_ATTENTION_COMPILE_RESULTS")):
+          with open(path, "w") as f:
+            json.dump({"wall_seconds": wall, "targets": _RESULTS}, f, indent=1)
       return _RESULTS[target]
 
     return get
@@ -51,12 +62,24 @@ def compiled_fixture(module_name: str, detail: bool, available: bool = True):
   return compiled
 
 
-def cases(targets: tuple[str, ...], first=lambda case: True,
-          others=lambda case: case.endswith("/bf16/gpu_check")) -> list[tuple[str, str]]:
-  """(target, case): the cases that ``first`` keeps on the first target, those that
-  ``others`` keeps on the others. Default: every case on the first target; on the
-  others the bf16 cases at the gpu_check shapes, the ones whose resources differ
-  per target (the odd shape's padding and float32 do not), to keep CI's stage short.
+def timing_summary(results: dict[str, dict[str, dict]], wall: float, slowest: int = 8) -> str:
+  """Per target: cases, summed wall and CPU seconds of their compiles (in the children,
+  without the children's start); then the ``slowest`` cases by CPU time, so that a CI
+  log shows where the stage's time goes (CPU time: the machine may be shared)."""
+  secs = lambda x, key: x.get(key) or 0.0
+  lines = [f"kernel compile: {wall:.0f} s wall for "
+           f"{sum(len(r) for r in results.values())} cases (per target: wall s, CPU s)"]
+  for target, r in results.items():
+    lines.append(f"  {target:5s} {len(r):3d} cases {sum(secs(x, 'seconds') for x in r.values()):7.1f}"
+                 f" {sum(secs(x, 'cpu_seconds') for x in r.values()):7.1f}")
+  ranked = sorted(((secs(x, "cpu_seconds"), secs(x, "seconds"), t, c)
+                   for t, r in results.items() for c, x in r.items()), reverse=True)[:slowest]
+  lines += [f"  {c:6.1f} CPU s {w:6.1f} s  {t:5s} {n}" for c, w, t, n in ranked]
+  return "\n".join(lines)
+
+
+def cases(targets: tuple[str, ...]) -> list[tuple[str, str]]:
+  """(target, case) for each of ``targets``: the cases CI compiles for it
+  (``aot.ci_cases``; what is covered where, and why, is at ``aot.CI_GROUPS``).
   ``experiments/compile_report.py`` compiles every case on every target."""
-  return [(t, c) for i, t in enumerate(targets) for c in sorted(aot.CASES)
-          if (others, first)[i == 0](c)]
+  return [(t, c) for t in targets for c in aot.ci_cases(t)]

@@ -1,0 +1,48 @@
+"""CI's compile selection (``aot.ci_cases``) keeps every kernel and mode on every target.
+
+No compile here (that is ``test_compile_{gpu,tpu}.py``, in CI's compile stage): this
+checks the case lists, so that a cut in ``aot.CI_GROUPS`` cannot drop a kernel or a
+mode from a target unnoticed (issue 27: every kernel compiled for H200, A100, v5e, v6e).
+"""
+
+import pytest
+
+from linear_attention.kernels import aot
+
+
+def _kernel_mode(name: str) -> str:
+  """``"chunk_decay/vector"`` from ``"chunk_decay/vector/bf16/small"``; the scan's
+  direction is not a mode (reverse is at the odd shape only)."""
+  kernel, mode = name.split("/")[:2]
+  return kernel if kernel == "linear_scan" else f"{kernel}/{mode}"
+
+
+@pytest.mark.parametrize("target", ["h200", "a100", "v5e", "v6e"])
+def test_every_kernel_and_mode_on_every_target(target):
+  every = {_kernel_mode(n) for n in aot.CASES}
+  assert len(every) == 10, sorted(every)
+  chosen = aot.ci_cases(target)
+  assert {_kernel_mode(n) for n in chosen} == every
+  # bf16 everywhere, and at a shape with the gpu_check tiles (K = V = 128).
+  tiles = [n for n in chosen if "/bf16/" in n and aot.SHAPES[n.split("/")[3]]["k"] == 128]
+  assert {_kernel_mode(n) for n in tiles} == every
+
+def test_gpu_bf16_at_the_gpu_check_shapes():
+  """Spills are judged at the shapes users run (tests/kernels/test_compile_gpu.py)."""
+  every = {n for n in aot.CASES if n.endswith("/bf16/gpu_check")}
+  assert len(every) == 10
+  for target in ("h200", "a100"):
+    assert every <= set(aot.ci_cases(target)), target
+
+def test_small_shape_has_the_gpu_check_tiles():
+  small, big = aot.SHAPES["small"], aot.SHAPES["gpu_check"]
+  assert (small["k"], small["v"]) == (big["k"], big["v"])
+  assert small["t"] % 256 == 0 and small["t"] // 2 >= 512  # every block; the same window
+  assert small["scan_d"][-1] % 128 == 0
+
+
+def test_unknown_target():
+  with pytest.raises(ValueError, match="b200"):
+    aot.ci_cases("b200")
+  with pytest.raises(ValueError, match="target must be one of"):
+    aot.ci_cases("h100")
