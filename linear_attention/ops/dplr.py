@@ -96,8 +96,10 @@ Array = jax.Array
 #   104, RWKV-7 4k 33 against 127), while the chunk form is as fast or faster forward+backward
 #   (KDA 4k 314 against 374, 16k 1541 against 1757; RWKV-7 4k 407 against 432, 16k 1297
 #   against 1318; Gated DeltaProduct's chunk form is 2x slower in both);
-# * one intra-op thread (``intra_op_parallelism_threads=1``, as the studies run;
-#   results/bench_delta_forms_cpu_1thread.json): the scan's backward is 4-5x slower than with
+# * fewer threads (results/bench_delta_forms_cpu_1thread.json; its XLA_FLAGS held a bare
+#   ``intra_op_parallelism_threads=1``, which is no XLA flag and made XLA drop the flags after
+#   it, so that run may have had XLA's YNN fusions on; the studies run with
+#   ``--xla_cpu_multi_thread_eigen=false``): the scan's backward is 4-5x slower than with
 #   threads and the chunk form's forward+backward wins 2.5x for KDA and RWKV-7 (idle, KDA 4k:
 #   569 against 2093 ms wall), while the scan stays the faster forward.
 # So on CPU ``auto`` computes the values with the scan and differentiates the chunk form
@@ -124,13 +126,14 @@ def resolve_form(form: str, steps: int = 1) -> tuple[str, str]:
 
 
 # The chunk length ``chunk_size=None`` gives per backend. On CPU, by measurement (KDA, B=1,
-# H=4, K=V=64, T=4096, float32, one XLA thread, process CPU time on a loaded machine), 32
+# H=4, K=V=64, T=4096, float32, the flags above, process CPU time on a loaded machine), 32
 # tokens per chunk against 64: forward 190 against 249 ms and forward+backward 929 against
 # 1332 ms; with XLA's multi-threaded Eigen off only, 184 / 298 ms and 665 / 820 ms. The
 # per-channel in-chunk scores cost about ``C (C / s + s)`` exps per channel and chunk of
 # ``C`` steps (sub-chunks of ``s``), so per token they grow with ``C`` while the state pass
 # shrinks; 16 was hardly faster (169 ms forward) and its gradient segfaulted in XLA's CPU
-# backend under ``XLA_FLAGS=intra_op_parallelism_threads=1``. Elsewhere 64, as the kernels tile.
+# backend when ``XLA_FLAGS`` held a bare ``intra_op_parallelism_threads=1`` (XLA then dropped
+# the package's YNN-fusion workaround flag after it). Elsewhere 64, as the kernels tile.
 DEFAULT_CHUNK_SIZES = {"cpu": 32}
 
 
