@@ -77,7 +77,10 @@ def time_forms(variant: str, forms, t: int, dims: Dims, repeats: int, own_chunk:
   ahead of time; CPU seconds are the process's (``time.process_time``, all threads).
 
   The calls are interleaved (each round times every form once, after one warm-up round), so
-  on a shared machine a burst of load hits all forms alike rather than one.
+  on a shared machine a burst of load hits all forms alike rather than one, and the order
+  rotates each round: a call timed right after the chunk form measured up to 2x slower
+  (Gated DeltaProduct's scan, 116 against 50 ms forward at 4k in one run, the same program),
+  so a fixed order biased the comparison.
   """
   fns = {}
   for form in forms:
@@ -86,8 +89,11 @@ def time_forms(variant: str, forms, t: int, dims: Dims, repeats: int, own_chunk:
     fns[form] = (args, jax.jit(fn).lower(*args).compile(),
                  jax.jit(grad_fn(fn, argnums)).lower(*args).compile())
   best = {form: [float("inf")] * 4 for form in forms}
+  order = list(fns)
   for round_ in range(repeats + 1):
-    for form, (args, *compiled) in fns.items():
+    shift = round_ % len(order)
+    for form in order[shift:] + order[:shift]:
+      args, *compiled = fns[form]
       for i, f in enumerate(compiled):
         wall, cpu = time_calls(f, *args, repeats=1, warmup=False)
         if round_:  # the first round warms up
@@ -119,7 +125,7 @@ def main(argv=None):
       row = dict(variant=variant, T=t,
                  chunk_size=default_chunk(variant) if a.chunk is None else a.chunk)
       for form, (f, fb, fc, fbc) in time_forms(variant, forms, t, dims,
-                                               a.repeats if t < 16384 else 1,
+                                               a.repeats,
                                                a.chunk is None).items():
         row[f"{form}_fwd_s"], row[f"{form}_fwdbwd_s"] = f, fb
         row[f"{form}_fwd_cpu_s"], row[f"{form}_fwdbwd_cpu_s"] = fc, fbc

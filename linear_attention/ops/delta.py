@@ -77,9 +77,9 @@ Array = jax.Array
 # ``form="auto"``: ``(values form, gradient form)`` per backend, else the chunk form both ways.
 # Measured on CPU (experiments/bench_delta_forms.py, Gated DeltaNet, B=1, H=4, K=V=64,
 # float32, 64-token chunks, XLA's default threads, idle 2-core machine, wall ms;
-# results/bench_delta_forms_cpu.json): forward, the scan 21.7 against the chunk form's 56.3
-# at 4k (131.8 against 229.3 at 16k); forward+backward, the chunk form 140.3 against 440.1
-# (517.0 against 1466.5). :func:`~linear_attention.common.with_gradient_of` runs the pair.
+# results/bench_delta_forms_cpu.json): forward, the scan 20.4 against the chunk form's 47.1
+# at 4k (112.2 against 207.4 at 16k); forward+backward, the chunk form 122.1 against 312.1
+# (484.6 against 1292.0). :func:`~linear_attention.common.with_gradient_of` runs the pair.
 DEFAULT_FORMS: dict[str, tuple[str, str]] = {"cpu": ("recurrent", "chunk")}
 
 

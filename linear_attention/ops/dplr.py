@@ -92,10 +92,11 @@ Array = jax.Array
 # The form ``form="auto"`` picks per backend, by measurement (experiments/bench_delta_forms.py;
 # B=1, H=4, K=V=64, float32, 32-token chunks on CPU). On CPU it depends on XLA's threading:
 # * XLA's default threads on an idle 2-core machine (results/bench_delta_forms_cpu.json, what
-#   a user gets; wall ms): the token-by-token scan is 2-4x faster forward (KDA 4k 30 against
-#   104, RWKV-7 4k 33 against 127), while the chunk form is as fast or faster forward+backward
-#   (KDA 4k 314 against 374, 16k 1541 against 1757; RWKV-7 4k 407 against 432, 16k 1297
-#   against 1318; Gated DeltaProduct's chunk form is 2x slower in both);
+#   a user gets; wall ms, best of 3 in rotating order, matmul 201 GFLOP/s): the token-by-token
+#   scan is 2-3x faster forward (KDA 4k 42 against 78, RWKV-7 4k 42 against 120), while the
+#   chunk form is faster forward+backward (KDA 4k 287 against 346, 16k 1177 against 1644;
+#   RWKV-7 4k 364 against 370, 16k 1270 against 1501); Gated DeltaProduct's chunk form is
+#   slower both ways (4k forward+backward 580 against 513);
 # * fewer threads (results/bench_delta_forms_cpu_1thread.json; its XLA_FLAGS held a bare
 #   ``intra_op_parallelism_threads=1``, which is no XLA flag and made XLA drop the flags after
 #   it, so that run may have had XLA's YNN fusions on; the studies run with
