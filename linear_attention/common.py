@@ -64,6 +64,16 @@ def with_gradient_of(values_fn, gradient_fn):
   return run
 
 
+def in_forms(forms_fn, form: str, gradient_form: str, **static):
+  """``forms_fn(*args, form=form, **static)``, differentiated through ``gradient_form``
+  (:func:`with_gradient_of`) when the two forms differ; the pair comes from
+  :func:`resolve_auto_form`."""
+  values = functools.partial(forms_fn, form=form, **static)
+  if gradient_form == form:
+    return values
+  return with_gradient_of(values, functools.partial(forms_fn, form=gradient_form, **static))
+
+
 def check_rank(name: str, x: Array, rank: int) -> None:
   """Raises unless ``x`` has exactly ``rank`` dimensions."""
   if jnp.ndim(x) != rank:

@@ -191,11 +191,7 @@ def delta_rule(
 def _forward(*args, form, gradient_form, chunk_size):
   """:func:`_forms` in ``form``, differentiated through ``gradient_form``. Jitted so that
   eager calls compile once per shape instead of dispatching every small op on its own."""
-  values = functools.partial(_forms, form=form, chunk_size=chunk_size)
-  if gradient_form == form:
-    return values(*args)
-  gradient = functools.partial(_forms, form=gradient_form, chunk_size=chunk_size)
-  return common.with_gradient_of(values, gradient)(*args)
+  return common.in_forms(_forms, form, gradient_form, chunk_size=chunk_size)(*args)
 
 
 def _forms(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, form, chunk_size):

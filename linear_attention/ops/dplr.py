@@ -288,11 +288,7 @@ def _run_returning_state(q, k, v, a, b, log_decay, *, return_state, **kwargs):
 @functools.partial(jax.jit, static_argnames=("form", "gradient_form", "chunk_size"))
 def _forward(*args, form, gradient_form, chunk_size):
   """:func:`_forms` in ``form``, differentiated through ``gradient_form``."""
-  values = functools.partial(_forms, form=form, chunk_size=chunk_size)
-  if gradient_form == form:
-    return values(*args)
-  gradient = functools.partial(_forms, form=gradient_form, chunk_size=chunk_size)
-  return common.with_gradient_of(values, gradient)(*args)
+  return common.in_forms(_forms, form, gradient_form, chunk_size=chunk_size)(*args)
 
 
 def _forms(q, k, v, a, b, g, initial_state, segment_ids, scale, *, form, chunk_size):
