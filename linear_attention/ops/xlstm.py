@@ -22,6 +22,17 @@ xLSTM code starts from ``m = 0``: the same memory, but its stabiliser then
 follows the empty state, which an exponential forget gate ``> 1`` grows until
 every real term underflows.)
 
+Two options reproduce other codes exactly (xLSTM-7B as transformers and the
+``xlstm`` package run it uses both):
+
+- ``eps``: added to the stabilised denominator, ``h_t = C_t^T q~_t /
+  (max(|n_t^T q~_t|, exp(-m_t)) + eps)`` (``1e-6`` in xLSTM-7B, ``0`` by
+  default). In unstabilised terms that is ``eps * exp(m_t)``, so with ``eps > 0``
+  the output depends on ``m``.
+- ``initial_m``: the stabiliser of a fresh state (``-inf`` here by default; ``0``
+  in xLSTM-7B). The memory is the same and so is the read without ``eps``; with
+  ``eps`` it changes every later ``m`` that the fresh value still bounds.
+
 On the diagonal-decay engine: with ``m`` known, the stabilised recurrence is
 the engine's with the per-head log decay ``log f_t + m_{t-1} - m_t <= 0``, the
 key ``k_t exp(i~_t - m_t)`` (a factor ``<= 1``) and the value ``[v_t, 1]``
@@ -85,8 +96,18 @@ def _log_gates(i_gate, f_gate, forget_gate, acc):
   return common.floor_log_decay(log_i), common.floor_log_decay(log_f)
 
 
-def _read(num, den, m):
-  """``num / max(|den|, exp(-m))`` without overflow for any ``m``.
+def _check_conventions(eps, initial_m):
+  """``eps`` a finite number >= 0, ``initial_m`` a real number or ``-inf``."""
+  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < np.inf:
+    raise ValueError(f"eps must be a finite number >= 0, got {eps!r}.")
+  if (isinstance(initial_m, bool) or not isinstance(initial_m, (int, float))
+      or np.isnan(initial_m) or initial_m == np.inf):
+    raise ValueError(f"initial_m must be a real number or -inf (a fresh state's stabiliser), "
+                     f"got {initial_m!r}.")
+
+
+def _read(num, den, m, eps=0.0):
+  """``num / (max(|den|, exp(-m)) + eps)`` without overflow for any ``m``.
 
   For ``m < 0``, numerator and denominator are both multiplied by ``exp(m)``
   (``<= 1``), so neither ``exp(-m)`` nor its gradient can overflow.
@@ -94,12 +115,14 @@ def _read(num, den, m):
   s = jnp.exp(jnp.minimum(m, 0.0))[..., None]
   floor = jnp.exp(-jnp.maximum(m, 0.0))[..., None]
   denom = jnp.maximum(jnp.abs(den)[..., None] * s, floor)
+  if eps:
+    denom = denom + eps * s
   # exp(-m) underflows to 0 only for m > 103; keep 0 / 0 out even then.
   denom = jnp.maximum(denom, jnp.finfo(denom.dtype).tiny)
   return num * s / denom
 
 
-def _update(q, k, v, log_i, log_f, state):
+def _update(q, k, v, log_i, log_f, state, eps=0.0):
   """One stabilised step on ``[B, H, *]`` arrays (``q`` scaled); returns ``(h, state)``."""
   c, n, m = state
   m_new = jnp.maximum(log_f + m, log_i)
@@ -110,19 +133,21 @@ def _update(q, k, v, log_i, log_f, state):
   n = f_w[..., None] * n + i_w[..., None] * k
   num = jnp.einsum("bhk,bhkv->bhv", q, c)
   den = jnp.einsum("bhk,bhk->bh", q, n)
-  return _read(num, den, m_new), (c, n, m_new)
+  return _read(num, den, m_new, eps), (c, n, m_new)
 
 
-def _stabiliser(log_i, log_f, m0, starts):
+def _stabiliser(log_i, log_f, m0, starts, initial_m=-np.inf):
   """``m_t = max(log f_t + m_{t-1}, log i_t)`` for ``[B, T, H]`` gates.
 
-  ``m_{-1} = m0 [B, H]`` and ``m_{t-1} = -inf`` (a fresh state) at a segment
+  ``m_{-1} = m0 [B, H]`` and ``m_{t-1} = initial_m`` (a fresh state) at a segment
   start. Each step is the max-plus affine map ``m -> max(a + m, b)``; maps
   compose associatively. Returns ``(m, m_prev)``, both ``[B, T, H]``.
   """
   start = starts[..., None]
   a = jnp.where(start, -jnp.inf, log_f)  # a start forgets m_{t-1}
-  b = log_i
+  # ... and reads the fresh stabiliser instead (log_i alone for -inf).
+  b = log_i if initial_m == -np.inf else jnp.where(
+      start, jnp.maximum(log_i, log_f + initial_m), log_i)
 
   def compose(x, y):
     a1, b1 = x
@@ -132,7 +157,7 @@ def _stabiliser(log_i, log_f, m0, starts):
   a_cum, b_cum = lax.associative_scan(compose, (a, b), axis=1)
   m = jnp.maximum(a_cum + m0[:, None], b_cum)
   m_prev = jnp.concatenate([m0[:, None], m[:, :-1]], axis=1)
-  return m, jnp.where(start, -jnp.inf, m_prev)
+  return m, jnp.where(start, jnp.asarray(initial_m, m.dtype), m_prev)
 
 
 # -------------------------------------------------------------------- the op
@@ -142,7 +167,8 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
           forget_gate: str = "sigmoid", scale: float | None = None, form: str = "chunk",
           chunk_size: int = 64, initial_state: tuple[Array, Array, Array] | None = None,
           return_state: bool = False, segment_ids: Array | None = None,
-          implementation: str | None = None, context: SeqContext | None = None):
+          implementation: str | None = None, context: SeqContext | None = None,
+          eps: float = 0.0, initial_m: float = -np.inf):
   """The mLSTM cell of xLSTM, stabilised, over a sequence (see the module doc).
 
   Args:
@@ -169,6 +195,9 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
       the ``[B, T, H]`` gates) runs on the global arrays, the matrix memory on the
       engine's context (every form, ``"recurrent"`` as the engine's). Global
       arrays only (not inside ``jax.shard_map``).
+    eps: added to the read's stabilised denominator (xLSTM-7B: ``1e-6``).
+    initial_m: the stabiliser of a fresh state, used when ``initial_state`` is None
+      and at every segment start (``-inf``, default, or xLSTM-7B's ``0``).
 
   Returns:
     ``h`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(h, (C, n, m))`` with
@@ -176,6 +205,8 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
   """
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   _check_gates(i_gate, f_gate, (b, t, h), forget_gate)
+  _check_conventions(eps, initial_m)
+  eps, initial_m = float(eps), float(initial_m)
   common.check_sequence_args(form, chunk_size, segment_ids, b, t)
   context_lib.check_context(context)
   if context is not None and context.is_local:
@@ -188,30 +219,30 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
   acc = common.acc_dtype(q.dtype)
   if initial_state is None:
     s0 = (jnp.zeros((b, h, dk, dv), acc), jnp.zeros((b, h, dk), acc),
-          jnp.full((b, h), -jnp.inf, acc))
+          jnp.full((b, h), initial_m, acc))
   else:
     s0 = tuple(x.astype(acc) for x in initial_state)
   starts = (jnp.zeros((b, t), bool) if segment_ids is None
             else common.segment_starts(segment_ids))
   if form == "recurrent" and context is None:
     o, state = _recurrent(q, k, v, i_gate, f_gate, s0, starts, forget_gate=forget_gate,
-                          scale=scale)
+                          scale=scale, eps=eps, initial_m=initial_m)
   else:
     o, state = _on_engine(q, k, v, i_gate, f_gate, s0, starts, segment_ids,
                           forget_gate=forget_gate, scale=scale, form=form,
                           chunk_size=chunk_size, implementation=implementation,
-                          context=context)
+                          context=context, eps=eps, initial_m=initial_m)
   o = o.astype(q.dtype)
   return (o, state) if return_state else o
 
 
 @functools.partial(jax.jit, static_argnames=("forget_gate", "scale", "form", "chunk_size",
-                                             "implementation", "context"))
+                                             "implementation", "context", "eps", "initial_m"))
 def _on_engine(q, k, v, i_gate, f_gate, s0, starts, segment_ids, *, forget_gate, scale, form,
-               chunk_size, implementation, context):
+               chunk_size, implementation, context, eps, initial_m):
   acc = s0[0].dtype
   log_i, log_f = _log_gates(i_gate, f_gate, forget_gate, acc)
-  m, m_prev = _stabiliser(log_i, log_f, s0[2], starts)
+  m, m_prev = _stabiliser(log_i, log_f, s0[2], starts, initial_m)
   log_decay = jnp.minimum(log_f + m_prev - m, 0.0)
   k_in = k.astype(acc) * jnp.exp(jnp.minimum(log_i - m, 0.0))[..., None]
   v_aug = jnp.concatenate([v.astype(acc), jnp.ones(v.shape[:-1] + (1,), acc)], axis=-1)
@@ -220,12 +251,12 @@ def _on_engine(q, k, v, i_gate, f_gate, s0, starts, segment_ids, *, forget_gate,
       q.astype(acc), k_in, v_aug, log_decay, scale=scale, form=form, chunk_size=chunk_size,
       initial_state=init, return_state=True, segment_ids=segment_ids,
       implementation=implementation, context=context)
-  h = _read(o[..., :-1], o[..., -1], m)
+  h = _read(o[..., :-1], o[..., -1], m, eps)
   return h, (state[..., :-1], state[..., -1], m[:, -1])
 
 
-@functools.partial(jax.jit, static_argnames=("forget_gate", "scale"))
-def _recurrent(q, k, v, i_gate, f_gate, s0, starts, *, forget_gate, scale):
+@functools.partial(jax.jit, static_argnames=("forget_gate", "scale", "eps", "initial_m"))
+def _recurrent(q, k, v, i_gate, f_gate, s0, starts, *, forget_gate, scale, eps, initial_m):
   acc = s0[0].dtype
   log_i, log_f = _log_gates(i_gate, f_gate, forget_gate, acc)
   move = lambda x: jnp.moveaxis(x, 1, 0)
@@ -236,8 +267,8 @@ def _recurrent(q, k, v, i_gate, f_gate, s0, starts, *, forget_gate, scale):
   def body(state, x):
     q_t, k_t, v_t, li_t, lf_t, start, ok = x
     state = tuple(jnp.where(start.reshape((-1,) + (1,) * (s.ndim - 1)), fresh, s)
-                  for s, fresh in zip(state, (0.0, 0.0, -jnp.inf)))
-    o_t, new = _update(q_t, k_t, v_t, li_t, lf_t, state)
+                  for s, fresh in zip(state, (0.0, 0.0, initial_m)))
+    o_t, new = _update(q_t, k_t, v_t, li_t, lf_t, state, eps)
     new = tuple(jnp.where(ok, a, b) for a, b in zip(new, state))
     return new, o_t
 
@@ -246,13 +277,15 @@ def _recurrent(q, k, v, i_gate, f_gate, s0, starts, *, forget_gate, scale):
 
 
 def mlstm_step(state: tuple[Array, Array, Array], q: Array, k: Array, v: Array, i_gate: Array,
-               f_gate: Array, *, forget_gate: str = "sigmoid", scale: float | None = None):
+               f_gate: Array, *, forget_gate: str = "sigmoid", scale: float | None = None,
+               eps: float = 0.0):
   """One decoding step of :func:`mlstm`.
 
   Args:
     state: ``(C [B, H, K, V], n [B, H, K], m [B, H])`` float32 (or float64);
     q, k: ``[B, H, K]``; v: ``[B, H, V]``; i_gate, f_gate: ``[B, H]``
-      pre-activations; forget_gate, scale: as in :func:`mlstm`.
+      pre-activations; forget_gate, scale, eps: as in :func:`mlstm` (a fresh state
+      with another ``initial_m`` comes from :func:`init_mlstm_state`).
 
   Returns:
     ``(h, new_state)``: ``h`` ``[B, H, V]`` in the dtype of ``q``, the state
@@ -262,20 +295,25 @@ def mlstm_step(state: tuple[Array, Array, Array], q: Array, k: Array, v: Array, 
   b, h, dk, dv = common.check_step_qkv(q, k, v)
   _check_gates(i_gate, f_gate, (b, h), forget_gate)
   _check_state("state", state, b, h, dk, dv, step=True)
+  _check_conventions(eps, 0.0)
   acc = jnp.result_type(*state)
   state = tuple(x.astype(acc) for x in state)
   log_i, log_f = _log_gates(i_gate, f_gate, forget_gate, acc)
   scale = common.resolve_scale(scale, dk)
-  o, new = _update(q.astype(acc) * scale, k.astype(acc), v.astype(acc), log_i, log_f, state)
+  o, new = _update(q.astype(acc) * scale, k.astype(acc), v.astype(acc), log_i, log_f, state,
+                   float(eps))
   return o.astype(q.dtype), new
 
 
-def init_mlstm_state(batch: int, heads: int, key_dim: int, value_dim: int):
+def init_mlstm_state(batch: int, heads: int, key_dim: int, value_dim: int,
+                     initial_m: float = -np.inf):
   """A fresh mLSTM state: ``(C [B, H, K, V], n [B, H, K], m [B, H])`` float32, ``C`` and
-  ``n`` zero and ``m = -inf`` (see the module doc)."""
+  ``n`` zero and ``m = initial_m`` (``-inf`` by default; xLSTM-7B's is ``0``, see the
+  module doc)."""
   for name, x in (("batch", batch), ("heads", heads), ("key_dim", key_dim),
                   ("value_dim", value_dim)):
     common.check_positive_int(name, x)
+  _check_conventions(0.0, initial_m)
   f32 = np.float32
   return (jnp.zeros((batch, heads, key_dim, value_dim), f32),
-          jnp.zeros((batch, heads, key_dim), f32), jnp.full((batch, heads), -np.inf, f32))
+          jnp.zeros((batch, heads, key_dim), f32), jnp.full((batch, heads), initial_m, f32))
