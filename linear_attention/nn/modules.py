@@ -181,15 +181,24 @@ class HeadNorm(nnx.Module):
   """RMSNorm over the last axis of ``[..., H, Dh]`` with one scale shared by the heads.
 
   With ``center=True`` it subtracts the mean first (a LayerNorm per head: the
-  group norm of RetNet and RWKV-6, one group per head).
+  group norm of RetNet and RWKV-6, one group per head). With ``heads=H`` every channel of
+  every head has its own scale ``[H, Dh]`` (xLSTM-7B's multi-head norm), and ``use_bias``
+  adds a bias of the scale's shape.
   """
 
   def __init__(self, dim: int, *, eps: float = 1e-5, center: bool = False,
+               heads: int | None = None, use_bias: bool = False,
                rngs: nnx.Rngs, param_dtype: Dtype = jnp.float32):
     del rngs
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int)
+                              or heads < 1):
+      raise ValueError(f"heads must be None (one scale shared by the heads) or an int >= 1, "
+                       f"got {heads!r}.")
     self.eps = eps
     self.center = center
-    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+    shape = (dim,) if heads is None else (heads, dim)
+    self.scale = nnx.Param(jnp.ones(shape, param_dtype))
+    self.bias = nnx.Param(jnp.zeros(shape, param_dtype)) if use_bias else None
 
   def __call__(self, x: Array) -> Array:
     """Normalises in float32, returns the dtype of ``x``."""
@@ -197,7 +206,25 @@ class HeadNorm(nnx.Module):
     if self.center:
       xf = xf - jnp.mean(xf, axis=-1, keepdims=True)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-    return (xf * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+    xf = xf * self.scale[...].astype(jnp.float32)
+    if self.bias is not None:
+      xf = xf + self.bias[...].astype(jnp.float32)
+    return xf.astype(x.dtype)
+
+
+def soft_cap(x: Array, cap: float | None) -> Array:
+  """``cap * tanh(x / cap)`` (Gemma's and xLSTM-7B's logit and gate soft-cap), ``x`` itself
+  for ``cap=None``; any shape, the dtype of ``x``."""
+  if cap is None:
+    return x
+  return (cap * jnp.tanh(x.astype(jnp.float32) / cap)).astype(x.dtype)
+
+
+def check_soft_cap(name: str, cap: Any) -> None:
+  """``ValueError`` naming ``name`` unless ``cap`` is None or a finite number > 0."""
+  if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
+                          or not 0 < cap < float("inf")):
+    raise ValueError(f"{name} must be None (no cap) or a finite number > 0, got {cap!r}.")
 
 
 def split_heads(x: Array, heads: int) -> Array:

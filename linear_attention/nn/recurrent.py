@@ -268,3 +268,47 @@ class S4DLayer(mixer.Mixer):
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     y, state = ssm_ops.s4d_step(cache["state"], x, *self._params())
     return self._out(y), {"state": state}
+
+
+class GatedShortConv(mixer.Mixer):
+  """LFM2's short-convolution block (Liquid AI 2025; transformers' ``Lfm2ShortConv``).
+
+  ``b, c, h = W_in x`` (three ``[B, T, D]`` branches), then
+  ``W_out(c * conv(b * h))`` with a depthwise causal convolution of width ``conv_width``
+  and no activation: an input-gated, output-gated local mix. ``use_bias`` puts biases on
+  both projections and the convolution (LFM2's ``conv_bias``). Decoding cache: the
+  convolution window ``[B, W-1, D]`` float32.
+  """
+
+  context_parallel = True
+
+  def __init__(self, d_model: int, num_heads: int = 1, *, conv_width: int = 3,
+               use_bias: bool = False, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    del num_heads
+    mixer.check_positive("conv_width", conv_width)
+    self.d_model = d_model
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias)
+    self.in_proj = modules.dense(d_model, 3 * d_model, **kw)
+    self.conv = modules.ShortConv(d_model, conv_width, activation=None, use_bias=use_bias,
+                                  rngs=rngs, param_dtype=param_dtype)
+    self.out_proj = modules.dense(d_model, d_model, **kw)
+
+  def _branches(self, x):
+    bcx = self.in_proj(x)
+    d = self.d_model
+    return bcx[..., :d], bcx[..., d:2 * d], bcx[..., 2 * d:]
+
+  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``."""
+    b, c, h = self._branches(x)
+    return self.out_proj(c * self.conv(b * h, segment_ids))
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """``{"conv": [B, W-1, D]}`` float32."""
+    return {"conv": self.conv.init_state(batch)}
+
+  def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
+    """``x [B, D]`` -> ``(y [B, D], cache)``."""
+    b, c, h = self._branches(x)
+    y, conv = self.conv.step(b * h, cache["conv"])
+    return self.out_proj(c * y), {"conv": conv}

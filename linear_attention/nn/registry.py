@@ -117,6 +117,9 @@ SPECS: tuple[MixerSpec, ...] = (
     MixerSpec("mlstm", xlstm.MLSTM, "decay", "data", letter="X", studies=frozenset()),
     MixerSpec("loglinear_mamba2", gated.LogLinearMamba2, "decay", "data", letter="J",
               tiny=dict(d_state=8, num_levels=4), studies=frozenset()),
+    MixerSpec("mlstm_layer", xlstm.MLSTMLayer, "decay", "data", studies=frozenset()),
+    MixerSpec("gated_conv", recurrent.GatedShortConv, "rnn", "data", letter="C",
+              studies=frozenset()),
 )
 
 # The order is the order of every selection; studies name their runs by position in it, so

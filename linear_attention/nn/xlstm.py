@@ -1,6 +1,7 @@
-"""The mLSTM block of xLSTM.
+"""The mLSTM layers of xLSTM.
 
-:class:`MLSTM` calls :func:`linear_attention.ops.xlstm.mlstm` (its step when decoding).
+:class:`MLSTM` (the paper's pre-up-projection block) and :class:`MLSTMLayer` (xLSTM-7B's
+layer) call :func:`linear_attention.ops.xlstm.mlstm` (its step when decoding).
 
 Shapes: ``x [B, T, D] -> [B, T, D]``; decoding caches are dicts of float32 arrays.
 """
@@ -52,12 +53,14 @@ class MLSTM(mixer.Mixer):
   paper's headwise projections; 4 as in xLSTM's configs). Forget-gate
   biases start spread over ``[3, 6]`` (slow forgetting), gate weights at zero.
   Decoding cache: ``conv [B, W-1, d_inner]`` and the mLSTM state ``C, n, m``.
+  ``eps`` and ``initial_m`` are the op's (see :mod:`linear_attention.ops.xlstm`).
   """
 
   context_parallel = True
 
   def __init__(self, d_model: int, num_heads: int, *, expand: int = 2, conv_width: int = 4,
-               qkv_block_size: int = 4, forget_gate: str = "sigmoid", chunk_size: int = 64, norm_eps: float = 1e-5,
+               qkv_block_size: int = 4, forget_gate: str = "sigmoid", chunk_size: int = 64,
+               norm_eps: float = 1e-5, eps: float = 0.0, initial_m: float = -np.inf,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     d_inner = expand * d_model
     mixer.check_divisible("d_inner (expand * d_model)", d_inner, "num_heads", num_heads)
@@ -66,6 +69,8 @@ class MLSTM(mixer.Mixer):
                        f"got {forget_gate!r}.")
     self.num_heads, self.d_inner, self.head_dim = num_heads, d_inner, d_inner // num_heads
     self.forget_gate, self.chunk_size = forget_gate, chunk_size
+    _check_conventions(eps, initial_m)
+    self.eps, self.initial_m = float(eps), float(initial_m)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.up_proj = modules.dense(d_model, 2 * d_inner, **kw)
     self.conv = modules.ShortConv(d_inner, conv_width, rngs=rngs, param_dtype=param_dtype)
@@ -101,13 +106,15 @@ class MLSTM(mixer.Mixer):
     u_conv = self.conv(u, segment_ids)
     q, k, v, ig, fg = self._inputs(u, u_conv)
     o = mlstm(q, k, v, ig, fg, forget_gate=self.forget_gate, chunk_size=self.chunk_size,
-              segment_ids=segment_ids, context=cp.context())
+              segment_ids=segment_ids, context=cp.context(), eps=self.eps,
+              initial_m=self.initial_m)
     return self._out(o, u_conv, z)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
     """``{"conv": [B, W-1, d_inner], "C": [B, H, Dh, Dh], "n": [B, H, Dh], "m": [B, H]}``,
-    float32 (a fresh memory: ``m = -inf``, see :mod:`linear_attention.ops.xlstm`)."""
-    c, n, m = init_mlstm_state(batch, self.num_heads, self.head_dim, self.head_dim)
+    float32 (a fresh memory: ``m = initial_m``, see :mod:`linear_attention.ops.xlstm`)."""
+    c, n, m = init_mlstm_state(batch, self.num_heads, self.head_dim, self.head_dim,
+                               self.initial_m)
     return {"conv": self.conv.init_state(batch), "C": c, "n": n, "m": m}
 
   def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
@@ -116,5 +123,96 @@ class MLSTM(mixer.Mixer):
     u_conv, conv = self.conv.step(u, cache["conv"])
     q, k, v, ig, fg = self._inputs(u, u_conv)
     o, (c, n, m) = mlstm_step((cache["C"], cache["n"], cache["m"]), q, k, v, ig, fg,
-                              forget_gate=self.forget_gate)
+                              forget_gate=self.forget_gate, eps=self.eps)
     return self._out(o, u_conv, z), {"conv": conv, "C": c, "n": n, "m": m}
+
+
+def _check_conventions(eps, initial_m):
+  # The op checks them again at each call; here the error comes at construction.
+  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < np.inf:
+    raise ValueError(f"eps must be a finite number >= 0, got {eps!r}.")
+  if (isinstance(initial_m, bool) or not isinstance(initial_m, (int, float))
+      or np.isnan(initial_m) or initial_m == np.inf):
+    raise ValueError(f"initial_m must be a real number or -inf, got {initial_m!r}.")
+
+
+class MLSTMLayer(mixer.Mixer):
+  """The mLSTM layer of xLSTM-7B (Beck et al. 2025, arXiv:2503.13427; transformers'
+  ``xLSTMLayer``).
+
+  From ``x [B, T, D]``: ``q, k [B, T, H, Dqk]`` and ``v [B, T, H, Dv]`` by dense maps
+  (``qk_dim = int(D * qk_dim_factor)``, ``v_dim = int(D * v_dim_factor)``), input and
+  forget gate pre-activations (one per head, soft-capped at ``gate_soft_cap``) and an
+  output gate ``sigmoid(W_o x) [B, T, v_dim]``. Then
+  ``W_out(o_gate * LayerNorm_heads(mlstm(q, k, v, i~, f~)))``, the per-head LayerNorm
+  with its own scale (and bias with ``use_bias``) per channel. The mLSTM uses the
+  sigmoid forget gate, the read's ``eps`` and the fresh stabiliser ``initial_m``
+  (xLSTM-7B's ``1e-6`` and ``0`` by default). Decoding cache: ``C [B, H, Dqk, Dv]``,
+  ``n [B, H, Dqk]``, ``m [B, H]``, float32.
+  """
+
+  context_parallel = True
+
+  def __init__(self, d_model: int, num_heads: int, *, qk_dim_factor: float = 0.5,
+               v_dim_factor: float = 1.0, gate_soft_cap: float | None = 15.0,
+               use_bias: bool = False, norm_eps: float = 1e-6, eps: float = 1e-6,
+               initial_m: float = 0.0, chunk_size: int = 64, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
+    for name, f in (("qk_dim_factor", qk_dim_factor), ("v_dim_factor", v_dim_factor)):
+      if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+        raise ValueError(f"{name} must be a number > 0, got {f!r}.")
+    qk_dim, v_dim = int(d_model * qk_dim_factor), int(d_model * v_dim_factor)
+    mixer.check_divisible("qk_dim (int(d_model * qk_dim_factor))", qk_dim, "num_heads",
+                          num_heads)
+    mixer.check_divisible("v_dim (int(d_model * v_dim_factor))", v_dim, "num_heads", num_heads)
+    modules.check_soft_cap("gate_soft_cap", gate_soft_cap)
+    _check_conventions(eps, initial_m)
+    self.num_heads, self.qk_dim, self.v_dim = num_heads, qk_dim, v_dim
+    self.gate_soft_cap, self.chunk_size = gate_soft_cap, chunk_size
+    self.eps, self.initial_m = float(eps), float(initial_m)
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.q_proj = modules.dense(d_model, qk_dim, use_bias=use_bias, **kw)
+    self.k_proj = modules.dense(d_model, qk_dim, use_bias=use_bias, **kw)
+    self.v_proj = modules.dense(d_model, v_dim, use_bias=use_bias, **kw)
+    self.o_gate = modules.dense(d_model, v_dim, use_bias=use_bias, **kw)
+    zeros = nnx.initializers.zeros_init()
+    # xLSTM-7B's initialisation: gate weights zero, input bias -10, forget biases 3..6.
+    self.i_gate = modules.dense(d_model, num_heads, use_bias=True, kernel_init=zeros, **kw)
+    self.f_gate = modules.dense(d_model, num_heads, use_bias=True, kernel_init=zeros, **kw)
+    self.i_gate.bias.set_value(jnp.full((num_heads,), -10.0, param_dtype))
+    self.f_gate.bias.set_value(jnp.asarray(np.linspace(3.0, 6.0, num_heads), param_dtype))
+    self.o_norm = modules.HeadNorm(v_dim // num_heads, eps=norm_eps, center=True,
+                                   heads=num_heads, use_bias=use_bias, rngs=rngs,
+                                   param_dtype=param_dtype)
+    self.out_proj = modules.dense(v_dim, d_model, use_bias=use_bias, **kw)
+
+  def _inputs(self, x):
+    h, cap = self.num_heads, self.gate_soft_cap
+    q, k, v = (modules.split_heads(p(x), h) for p in (self.q_proj, self.k_proj, self.v_proj))
+    ig = modules.soft_cap(self.i_gate(x).astype(jnp.float32), cap)
+    fg = modules.soft_cap(self.f_gate(x).astype(jnp.float32), cap)
+    return q, k, v, ig, fg
+
+  def _out(self, o, x):
+    o = modules.merge_heads(self.o_norm(o.astype(x.dtype)))
+    return self.out_proj(jax.nn.sigmoid(self.o_gate(x)) * o)
+
+  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``."""
+    q, k, v, ig, fg = self._inputs(x)
+    o = mlstm(q, k, v, ig, fg, chunk_size=self.chunk_size, segment_ids=segment_ids,
+              context=cp.context(), eps=self.eps, initial_m=self.initial_m)
+    return self._out(o, x)
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """``{"C": [B, H, Dqk, Dv], "n": [B, H, Dqk], "m": [B, H]}`` float32, ``m = initial_m``."""
+    h = self.num_heads
+    c, n, m = init_mlstm_state(batch, h, self.qk_dim // h, self.v_dim // h, self.initial_m)
+    return {"C": c, "n": n, "m": m}
+
+  def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
+    """``x [B, D]`` -> ``(y [B, D], cache)``."""
+    q, k, v, ig, fg = self._inputs(x)
+    o, (c, n, m) = mlstm_step((cache["C"], cache["n"], cache["m"]), q, k, v, ig, fg,
+                              eps=self.eps)
+    return self._out(o, x), {"C": c, "n": n, "m": m}
