@@ -13,7 +13,7 @@ stays near one copy of the model. Every checkpoint tensor must be used and every
 set, or the ``ValueError`` names each one that is not. No network: a hub name gets an
 error saying how to download it (``huggingface-cli download NAME --local-dir DIR``).
 
-Supported ``model_type`` values: :data:`FAMILIES` (after ``supported()``).
+Supported ``model_type`` values: :func:`supported` (the keys of :data:`FAMILIES`).
 
 Adding a family (the extension API)
 -----------------------------------
@@ -74,15 +74,8 @@ Building blocks:
   against transformers itself).
 """
 
-from linear_attention.hub.core import (FAMILIES, Alias, Family, Tensor, family_of,
-                                       from_pretrained, register, save_pretrained)
-
-
-def supported() -> tuple[str, ...]:
-  """The ``model_type`` values :func:`from_pretrained` loads, sorted."""
-  from linear_attention.hub import families  # noqa: F401  (registers every family)
-  return tuple(sorted(FAMILIES))
-
+from linear_attention.hub.core import FAMILIES, Alias, Family, Tensor, register
+from linear_attention.hub.loader import family_of, from_pretrained, save_pretrained, supported
 
 __all__ = ["FAMILIES", "Alias", "Family", "Tensor", "family_of", "from_pretrained", "register",
            "save_pretrained", "supported"]
