@@ -96,6 +96,9 @@ class Backbone(nnx.Module):
   block its own mixer, heads, options and MLP instead; ``mixer``, ``pattern``,
   ``num_layers``, ``num_heads``, ``mlp_ratio``, ``mixer_kwargs`` and ``short_conv`` are then
   unused and must keep their defaults (``norm_eps`` is the final norm's).
+
+  ``embed_scale`` multiplies the token embeddings before the first block (Gemma's
+  ``sqrt(D)``); None for none.
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -104,9 +107,15 @@ class Backbone(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, layers: Sequence[LayerSpec] | None = None,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               embed_scale: float | None = None, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     check_positive("vocab_size", vocab_size)
     check_positive("d_model", d_model)
+    if embed_scale is not None and (isinstance(embed_scale, bool)
+                                    or not isinstance(embed_scale, (int, float))
+                                    or not 0 < embed_scale < float("inf")):
+      raise ValueError(f"embed_scale must be None or a finite number > 0, got {embed_scale!r}.")
+    self.embed_scale = None if embed_scale is None else float(embed_scale)
     if layers is not None:
       self._init_layers(vocab_size, d_model, layers, num_layers=num_layers, pattern=pattern,
                         mixer_kwargs=mixer_kwargs, short_conv=short_conv, norm_eps=norm_eps,
@@ -151,6 +160,11 @@ class Backbone(nnx.Module):
     self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
                                   param_dtype=param_dtype, rngs=rngs)
 
+  def embed_tokens(self, tokens: Array) -> Array:
+    """``tokens [B, ...]`` -> embeddings ``[B, ..., D]``, times ``embed_scale`` if set."""
+    x = self.embed(tokens)
+    return x if self.embed_scale is None else x * jnp.asarray(self.embed_scale, x.dtype)
+
   def run(self, x: Array, segment_ids: Array | None = None) -> Array:
     """Embedded ``x [B, T, D]`` through the blocks and the final norm."""
     for blk in self.blocks:
@@ -160,7 +174,7 @@ class Backbone(nnx.Module):
   def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:
     """``tokens [B, T]`` int -> hidden ``[B, T, D]``."""
     check_token_ids(tokens, self.vocab_size)
-    return self.run(self.embed(tokens), segment_ids)
+    return self.run(self.embed_tokens(tokens), segment_ids)
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> list:
     """One cache per block (a list pytree)."""
@@ -170,7 +184,7 @@ class Backbone(nnx.Module):
   def decode_step(self, tokens: Array, cache: list) -> tuple[Array, list]:
     """``tokens [B]`` -> ``(hidden [B, D], cache)``."""
     check_token_ids(tokens, self.vocab_size)
-    x = self.embed(tokens)
+    x = self.embed_tokens(tokens)
     new = []
     for blk, c in zip(self.blocks, cache):
       x, c = blk.decode_step(x, c)
@@ -192,6 +206,9 @@ class LanguageModel(nnx.Module):
     tie_embeddings: reuse the embedding matrix as the output head.
     layers: one :class:`~linear_attention.models.blocks.LayerSpec` per block, instead of
       ``mixer``/``pattern`` and the shared options (see :class:`Backbone`).
+    embed_scale: multiplies the token embeddings (see :class:`Backbone`); None for none.
+    logit_soft_cap: ``cap * tanh(logits / cap)`` on the output (Gemma's and xLSTM-7B's
+      30); None for none.
 
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
   ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
@@ -204,13 +221,16 @@ class LanguageModel(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
                norm_eps: float = 1e-6, short_conv: int = 0,
-               layers: Sequence[LayerSpec] | None = None, rngs: nnx.Rngs, dtype=None,
+               layers: Sequence[LayerSpec] | None = None, embed_scale: float | None = None,
+               logit_soft_cap: float | None = None, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
+    modules.check_soft_cap("logit_soft_cap", logit_soft_cap)
+    self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
-                             short_conv=short_conv, layers=layers, rngs=rngs,
-                             dtype=dtype, param_dtype=param_dtype)
+                             short_conv=short_conv, layers=layers, embed_scale=embed_scale,
+                             rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:
       raise ValueError(f"a causal language model cannot use the encoder mixers {non_causal}.")
@@ -234,7 +254,8 @@ class LanguageModel(nnx.Module):
     return self.backbone.blocks
 
   def _logits(self, h):
-    return self.backbone.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+    logits = self.backbone.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+    return modules.soft_cap(logits, self.logit_soft_cap)
 
   def __call__(self, tokens: Array, segment_ids: Array | None = None,
                positions: Array | None = None) -> Array:

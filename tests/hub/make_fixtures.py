@@ -41,6 +41,9 @@ FAMILIES = {
                                              state_size=8, n_groups=2, conv_kernel=4,
                                              chunk_size=4, tie_word_embeddings=True,
                                              time_step_limit=(0.02, 0.08)), False),
+    # qk and v widths multiples of 64: transformers' xLSTM cache rounds them up to 64.
+    "xlstm": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0, v_dim_factor=4.0,
+                                  chunk_size=4, tie_word_embeddings=False), True),
 }
 
 
