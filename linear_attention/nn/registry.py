@@ -117,6 +117,9 @@ SPECS: tuple[MixerSpec, ...] = (
     MixerSpec("mlstm", xlstm.MLSTM, "decay", "data", letter="X", studies=frozenset()),
     MixerSpec("loglinear_mamba2", gated.LogLinearMamba2, "decay", "data", letter="J",
               tiny=dict(d_state=8, num_levels=4), studies=frozenset()),
+    MixerSpec("mla", attention.MultiHeadLatentAttention, "attention", letter="Q",
+              tiny=dict(kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                        use_rope=True), studies=frozenset()),
 )
 
 # The order is the order of every selection; studies name their runs by position in it, so
