@@ -10,6 +10,7 @@ options, MLP kind and width, so no option is shared by name across layers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping
 
 import jax
@@ -17,25 +18,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention.nn import modules
+from linear_attention.nn.mlp import GLUMLP, MLP
 from linear_attention.nn import registry
 
 Array = jax.Array
-
-
-class GLUMLP(nnx.Module):
-  """Gated MLP ``W_down(silu(W_gate x) * W_up x)`` (SwiGLU), hidden width ``hidden``."""
-
-  def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
-    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.hidden = hidden
-    self.up = modules.dense(d_model, 2 * hidden, **kw)  # gate and up, one matmul
-    self.down = modules.dense(hidden, d_model, **kw)
-
-  def __call__(self, x: Array) -> Array:
-    """``[..., D] -> [..., D]``."""
-    gu = self.up(x)
-    return self.down(jax.nn.silu(gu[..., :self.hidden]) * gu[..., self.hidden:])
 
 
 class ReluSquaredMLP(nnx.Module):
@@ -54,7 +40,9 @@ class ReluSquaredMLP(nnx.Module):
 
 
 # MLP kinds of a block: name -> class taking (d_model, hidden, rngs=, dtype=, param_dtype=).
-MLPS = {"swiglu": GLUMLP, "relu2": ReluSquaredMLP}
+# "geglu_bias": GeGLU (tanh GELU) with biases on its three projections (RecurrentGemma).
+MLPS = {"swiglu": GLUMLP, "relu2": ReluSquaredMLP,
+        "geglu_bias": functools.partial(MLP, activation="gelu_tanh", gated=True, use_bias=True)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,35 +43,60 @@ class DeltaNet(mixer.Mixer):
                 norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
   def _build(self, d_model, num_heads, steps, *, conv_width, use_short_conv, use_gate,
-             allow_neg_eigval, chunk_size, norm_eps, rngs, dtype, param_dtype):
-    """The parameters of the family; ``steps`` keys, values and betas per token."""
-    mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
-    self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
+             allow_neg_eigval, chunk_size, norm_eps, rngs, dtype, param_dtype,
+             num_v_heads=None, head_k_dim=None, head_v_dim=None):
+    """The parameters of the family; ``steps`` keys, values and betas per token.
+
+    ``num_heads`` q/k heads of ``head_k_dim`` channels and ``num_v_heads`` value heads of
+    ``head_v_dim`` (defaults: ``num_heads`` and ``d_model // num_heads``); each q/k head
+    serves ``num_v_heads // num_heads`` consecutive value heads."""
+    num_v_heads = num_heads if num_v_heads is None else num_v_heads
+    mixer.check_positive("num_v_heads", num_v_heads)
+    mixer.check_divisible("num_v_heads", num_v_heads, "num_heads", num_heads)
+    if head_k_dim is None or head_v_dim is None:
+      mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
+    head_k_dim = d_model // num_heads if head_k_dim is None else head_k_dim
+    head_v_dim = d_model // num_heads if head_v_dim is None else head_v_dim
+    mixer.check_positive("head_k_dim", head_k_dim)
+    mixer.check_positive("head_v_dim", head_v_dim)
+    if steps > 1 and (num_v_heads != num_heads or head_k_dim != head_v_dim):
+      raise ValueError("several steps per token need num_v_heads == num_heads and head_k_dim "
+                       f"== head_v_dim, got {num_v_heads}, {num_heads}, {head_k_dim}, "
+                       f"{head_v_dim}.")
+    self.d_model, self.num_heads, self.num_v_heads = d_model, num_heads, num_v_heads
+    self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+    self.head_dim = head_v_dim
+    self.key_dim, self.value_dim = num_heads * head_k_dim, num_v_heads * head_v_dim
     self.allow_neg_eigval, self.chunk_size, self.use_gate = allow_neg_eigval, chunk_size, use_gate
     self.steps = steps
-    width = (1 + 2 * steps) * d_model  # q, then the steps' keys, then their values
+    # q, then the steps' keys, then their values
+    width = (1 + steps) * self.key_dim + steps * self.value_dim
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.qkv_proj = modules.dense(d_model, width, **kw)
     self.conv = (modules.ShortConv(width, conv_width, use_bias=False, rngs=rngs,
                                 param_dtype=param_dtype) if use_short_conv else None)
-    self.b_proj = modules.dense(d_model, steps * num_heads, **kw)
-    self.g_proj = modules.dense(d_model, d_model, **kw) if use_gate else None
-    self.o_norm = modules.HeadNorm(self.head_dim, eps=norm_eps, rngs=rngs, param_dtype=param_dtype)
-    self.o_proj = modules.dense(d_model, d_model, **kw)
+    self.b_proj = modules.dense(d_model, steps * num_v_heads, **kw)
+    self.g_proj = modules.dense(d_model, self.value_dim, **kw) if use_gate else None
+    self.o_norm = modules.HeadNorm(head_v_dim, eps=norm_eps, rngs=rngs, param_dtype=param_dtype)
+    self.o_proj = modules.dense(self.value_dim, d_model, **kw)
 
   def _heads(self, qkv, x):
-    d, h, n = self.d_model, self.num_heads, self.steps
-    q = modules.split_heads(qkv[..., :d], h)
-    k, v = qkv[..., d:(1 + n) * d], qkv[..., (1 + n) * d:]
+    dk, h, n = self.key_dim, self.num_heads, self.steps
+    q = modules.split_heads(qkv[..., :dk], h)
+    k, v = qkv[..., dk:(1 + n) * dk], qkv[..., (1 + n) * dk:]
     beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
     if self.allow_neg_eigval:
       beta = 2.0 * beta
     if n == 1:
-      return q, modules.split_heads(k, h), modules.split_heads(v, h), beta.astype(x.dtype)
+      # Grouped value heads: q and k repeated per value head (the ops take equal head counts).
+      groups = self.num_v_heads // h
+      k = modules.split_heads(k, h)
+      return (modules.repeat_kv(q, groups), modules.repeat_kv(k, groups),
+              modules.split_heads(v, self.num_v_heads), beta.astype(x.dtype))
     # [..., n * D] -> [..., H, n, Dh]: step j of head i reads columns (j, i).
     steps = lambda z, w: jnp.swapaxes(z.reshape(z.shape[:-1] + (n, h, w)), -3, -2)
     beta = jnp.swapaxes(beta.reshape(beta.shape[:-1] + (n, h)), -2, -1)
-    return q, steps(k, self.head_dim), steps(v, self.head_dim), beta.astype(x.dtype)
+    return q, steps(k, self.head_k_dim), steps(v, self.head_v_dim), beta.astype(x.dtype)
 
   def _qkv(self, x, segment_ids):
     qkv = self.qkv_proj(x)
@@ -88,7 +113,7 @@ class DeltaNet(mixer.Mixer):
   def _out(self, o, x):
     o = self.o_norm(o.astype(x.dtype))
     if self.g_proj is not None:
-      o = o * jax.nn.silu(modules.split_heads(self.g_proj(x), self.num_heads))
+      o = o * jax.nn.silu(modules.split_heads(self.g_proj(x), self.num_v_heads))
     return self.o_proj(modules.merge_heads(o))
 
   def _log_decay(self, x):
@@ -116,10 +141,11 @@ class DeltaNet(mixer.Mixer):
     return self._out(self._mix(q, k, v, beta, x, segment_ids), x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
-    """``{"conv": [B, W-1, (1 + 2 n) D] (or None), "state": [B, H, Dh, Dh]}``, float32."""
-    d = self.head_dim
+    """``{"conv": [B, W-1, (1 + n) H Dk + n Hv Dv] (or None), "state": [B, Hv, Dk, Dv]}``,
+    float32."""
     return {"conv": None if self.conv is None else self.conv.init_state(batch),
-            "state": jnp.zeros((batch, self.num_heads, d, d), jnp.float32)}
+            "state": jnp.zeros((batch, self.num_v_heads, self.head_k_dim, self.head_v_dim),
+                               jnp.float32)}
 
   def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
@@ -135,20 +161,27 @@ class GatedDeltaNet(DeltaNet):
   with ``exp(A_log)`` uniform in ``a_init_range`` (default ``[1, 16]``) and
   ``softplus(dt_bias)`` log-uniform in ``[dt_min, dt_max]`` (floored at
   ``dt_init_floor``) at init, as Mamba-2.
+
+  Head sizes (Qwen3-Next, OLMo-Hybrid): ``num_heads`` q/k heads of ``head_k_dim``
+  channels and ``num_v_heads`` value heads of ``head_v_dim`` (defaults ``num_heads`` and
+  ``d_model // num_heads``); the gate, ``beta`` and the state are per value head. With more
+  value heads than q/k heads the layer repeats q and k per value head before the op.
   """
 
   context_parallel = True
 
-  def __init__(self, d_model: int, num_heads: int, *, conv_width: int = 4,
+  def __init__(self, d_model: int, num_heads: int, *, num_v_heads: int | None = None,
+               head_k_dim: int | None = None, head_v_dim: int | None = None,
+               conv_width: int = 4,
                use_short_conv: bool = True, use_gate: bool = True, allow_neg_eigval: bool = False,
                dt_min: float = 1e-3, dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
                a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
                norm_eps: float = 1e-5, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
-    super().__init__(d_model, num_heads, conv_width=conv_width, use_short_conv=use_short_conv,
-                     use_gate=use_gate, allow_neg_eigval=allow_neg_eigval,
-                     chunk_size=chunk_size, norm_eps=norm_eps, rngs=rngs, dtype=dtype,
-                     param_dtype=param_dtype)
-    _scalar_gate(self, d_model, num_heads, dict(dt_min=dt_min, dt_max=dt_max,
+    self._build(d_model, num_heads, 1, conv_width=conv_width, use_short_conv=use_short_conv,
+                use_gate=use_gate, allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size,
+                norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+                num_v_heads=num_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+    _scalar_gate(self, d_model, self.num_v_heads, dict(dt_min=dt_min, dt_max=dt_max,
                                                 dt_init_floor=dt_init_floor,
                                                 a_init_range=a_init_range),
                  rngs, dtype, param_dtype)
@@ -184,12 +217,15 @@ class KimiDeltaAttention(DeltaNet):
   projection per channel, ``exp(A_log)`` per head uniform in ``a_init_range``
   (default ``[1, 16]``) and ``softplus(dt_bias)`` per channel log-uniform in
   ``[dt_min, dt_max]`` (floored at ``dt_init_floor``) at init. Output:
-  ``W_o(RMSNorm(o) * sigmoid(G_up G_down x))`` (a low-rank output gate).
+  ``W_o(RMSNorm(o) * sigmoid(G_up G_down x))`` (a low-rank output gate). ``head_dim``
+  (default ``d_model // num_heads``) is the size of every q, k and v head (Kimi Linear's
+  ``linear_head_dim``), independent of ``d_model``.
   """
 
   context_parallel = True
 
-  def __init__(self, d_model: int, num_heads: int, *, conv_width: int = 4,
+  def __init__(self, d_model: int, num_heads: int, *, head_dim: int | None = None,
+               conv_width: int = 4,
                use_short_conv: bool = True, allow_neg_eigval: bool = False,
                gate_low_rank: int | None = None, dt_min: float = 1e-3, dt_max: float = 1e-1,
                dt_init_floor: float = 1e-4, a_init_range: tuple[float, float] = (1.0, 16.0),
@@ -199,16 +235,18 @@ class KimiDeltaAttention(DeltaNet):
                              a_init_range=a_init_range)
     self._build(d_model, num_heads, 1, conv_width=conv_width, use_short_conv=use_short_conv,
                 use_gate=False, allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size,
-                norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+                norm_eps=norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+                head_k_dim=head_dim, head_v_dim=head_dim)
     rank = self.head_dim if gate_low_rank is None else gate_low_rank
     mixer.check_positive("gate_low_rank", rank)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.f_down, self.f_up = modules.dense(d_model, rank, **kw), modules.dense(rank, d_model, **kw)
+    width = self.key_dim
+    self.f_down, self.f_up = modules.dense(d_model, rank, **kw), modules.dense(rank, width, **kw)
     self.A_log = modules.param(modules.a_log_init(rngs.params(), (num_heads,), a_init_range),
                                param_dtype)
-    self.dt_bias = modules.param(modules.dt_bias_init(rngs.params(), (d_model,), dt_min, dt_max,
+    self.dt_bias = modules.param(modules.dt_bias_init(rngs.params(), (width,), dt_min, dt_max,
                                                       dt_init_floor), param_dtype)
-    self.out_down, self.out_up = modules.dense(d_model, rank, **kw), modules.dense(rank, d_model, **kw)
+    self.out_down, self.out_up = modules.dense(d_model, rank, **kw), modules.dense(rank, width, **kw)
 
   def _log_decay(self, x):
     f = self.f_up(self.f_down(x)).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)

@@ -120,6 +120,9 @@ SPECS: tuple[MixerSpec, ...] = (
     MixerSpec("mlstm_layer", xlstm.MLSTMLayer, "decay", "data", studies=frozenset()),
     MixerSpec("gated_conv", recurrent.GatedShortConv, "rnn", "data", letter="C",
               studies=frozenset()),
+    MixerSpec("mla", attention.MultiHeadLatentAttention, "attention", letter="Q",
+              tiny=dict(kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                        use_rope=True), studies=frozenset()),
 )
 
 # The order is the order of every selection; studies name their runs by position in it, so
