@@ -19,6 +19,7 @@ from flax import nnx
 
 from linear_attention.nn import modules
 from linear_attention.nn.mlp import GLUMLP, MLP
+from linear_attention.nn import norm as norm_lib
 from linear_attention.nn import registry
 
 Array = jax.Array
@@ -57,6 +58,8 @@ class LayerSpec:
     mlp: an MLP kind of :data:`MLPS`, or ``None`` for no MLP (Mamba stacks).
     mlp_hidden: the MLP's hidden width (``> 0`` when ``mlp`` is set).
     norm_eps: epsilon of the block's RMSNorms.
+    norm_offset: the block's RMSNorms multiply by ``norm_offset + scale``: 0, or 1 for the
+      zero-centred scale of Gemma (see :func:`make_norm`).
   """
   mixer: str | None
   num_heads: int = 1
@@ -64,6 +67,7 @@ class LayerSpec:
   mlp: str | None = None
   mlp_hidden: int = 0
   norm_eps: float = 1e-6
+  norm_offset: float = 0.0
 
   def __post_init__(self):
     if self.mixer is None and self.mlp is None:
@@ -76,6 +80,17 @@ class LayerSpec:
     if self.mlp is not None and not (isinstance(self.mlp_hidden, int) and self.mlp_hidden > 0):
       raise ValueError(f"LayerSpec mlp_hidden must be an int > 0 with mlp={self.mlp!r}, got "
                        f"{self.mlp_hidden!r}.")
+
+
+def make_norm(d_model: int, eps: float, offset: float = 0.0, *, rngs: nnx.Rngs, dtype=None,
+              param_dtype=jnp.float32) -> nnx.Module:
+  """A block's or the final RMSNorm over ``d_model``: ``nnx.RMSNorm`` for ``offset=0``;
+  for ``offset=1`` (Gemma's ``1 + scale``, the scale stored zero-centred so that a
+  checkpoint's weight round-trips exactly) :class:`~linear_attention.nn.norm.RMSNorm`.
+  Either way the parameter is ``scale [d_model]``."""
+  if offset == 0:
+    return nnx.RMSNorm(d_model, epsilon=eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+  return norm_lib.RMSNorm(d_model, eps=eps, offset=offset, param_dtype=param_dtype)
 
 
 def mlp_hidden(d_model: int, mlp_ratio: float) -> int:
@@ -100,6 +115,7 @@ class Block(nnx.Module):
       carried in the decode cache, so decoding still equals the forward pass.
     mlp: the MLP kind (:data:`MLPS`) when there is one.
     hidden: the MLP's hidden width, instead of ``mlp_ratio`` (0: no MLP).
+    norm_offset: 0, or 1 for zero-centred norm scales (see :func:`make_norm`).
 
   ``mixer=None`` makes a block that is only ``x + MLP(RMSNorm(x))`` (its cache is ``None``).
   """
@@ -107,7 +123,8 @@ class Block(nnx.Module):
   def __init__(self, d_model: int, mixer: str | None, num_heads: int, *,
                mlp_ratio: float = 8 / 3, mixer_kwargs: Mapping[str, Any] | None = None,
                norm_eps: float = 1e-6, short_conv: int = 0, mlp: str = "swiglu",
-               hidden: int | None = None, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               hidden: int | None = None, norm_offset: float = 0.0, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     if short_conv < 0 or short_conv == 1:
       raise ValueError(f"short_conv must be 0 (none) or a width >= 2, got {short_conv}.")
     if mlp not in MLPS:
@@ -115,8 +132,8 @@ class Block(nnx.Module):
     if mixer is None and short_conv:
       raise ValueError(f"short_conv needs a mixer, got mixer=None and short_conv={short_conv}.")
     self.mixer_name = mixer
-    norm = lambda: nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype, param_dtype=param_dtype,
-                               rngs=rngs)
+    norm = lambda: make_norm(d_model, norm_eps, norm_offset, rngs=rngs, dtype=dtype,
+                             param_dtype=param_dtype)
     self.mixer_norm = norm() if mixer is not None else None
     # No activation: a linear mix of the last few tokens, which the mixer's own
     # projections then read (keys from the previous token, values from this one).
@@ -138,8 +155,8 @@ class Block(nnx.Module):
     """The block of one :class:`LayerSpec`."""
     return cls(d_model, spec.mixer, spec.num_heads, mixer_kwargs=spec.mixer_kwargs,
                norm_eps=spec.norm_eps, mlp=spec.mlp or "swiglu",
-               hidden=spec.mlp_hidden if spec.mlp else 0, rngs=rngs, dtype=dtype,
-               param_dtype=param_dtype)
+               hidden=spec.mlp_hidden if spec.mlp else 0, norm_offset=spec.norm_offset,
+               rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
   def _mlp(self, x):
     return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.models.blocks import Block, LayerSpec
+from linear_attention.models.blocks import Block, LayerSpec, make_norm
 from linear_attention.nn import modules
 from linear_attention.nn.mixer import check_positive
 from linear_attention.nn import registry
@@ -98,7 +98,9 @@ class Backbone(nnx.Module):
   unused and must keep their defaults (``norm_eps`` is the final norm's).
 
   ``embed_scale`` multiplies the token embeddings before the first block (Gemma's
-  ``sqrt(D)``); None for none.
+  ``sqrt(D)``); None for none. ``norm_offset=1`` makes the norms' scales zero-centred
+  (Gemma's ``1 + scale``; with ``layers=`` the final norm's only, the blocks' come from
+  their ``LayerSpec``).
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -107,8 +109,8 @@ class Backbone(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, layers: Sequence[LayerSpec] | None = None,
-               embed_scale: float | None = None, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               embed_scale: float | None = None, norm_offset: float = 0.0, rngs: nnx.Rngs,
+               dtype=None, param_dtype=jnp.float32):
     check_positive("vocab_size", vocab_size)
     check_positive("d_model", d_model)
     if embed_scale is not None and (isinstance(embed_scale, bool)
@@ -116,6 +118,7 @@ class Backbone(nnx.Module):
                                     or not 0 < embed_scale < float("inf")):
       raise ValueError(f"embed_scale must be None or a finite number > 0, got {embed_scale!r}.")
     self.embed_scale = None if embed_scale is None else float(embed_scale)
+    self.norm_offset = norm_offset
     if layers is not None:
       self._init_layers(vocab_size, d_model, layers, num_layers=num_layers, pattern=pattern,
                         mixer_kwargs=mixer_kwargs, short_conv=short_conv, norm_eps=norm_eps,
@@ -134,10 +137,10 @@ class Backbone(nnx.Module):
     self.blocks = nnx.List([
         Block(d_model, name, num_heads, mlp_ratio=mlp_ratio,
               mixer_kwargs=mixer_kwargs.get(name), norm_eps=norm_eps, short_conv=short_conv,
-              rngs=rngs, dtype=dtype,
+              norm_offset=norm_offset, rngs=rngs, dtype=dtype,
               param_dtype=param_dtype) for name in names])
-    self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
-                                  param_dtype=param_dtype, rngs=rngs)
+    self.final_norm = make_norm(d_model, norm_eps, self.norm_offset, rngs=rngs, dtype=dtype,
+                                param_dtype=param_dtype)
 
   def _init_layers(self, vocab_size, d_model, layers, *, num_layers, pattern, mixer_kwargs,
                    short_conv, norm_eps, rngs, dtype, param_dtype):
@@ -157,8 +160,8 @@ class Backbone(nnx.Module):
     self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.blocks = nnx.List([Block.from_spec(d_model, s, rngs=rngs, dtype=dtype,
                                             param_dtype=param_dtype) for s in layers])
-    self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
-                                  param_dtype=param_dtype, rngs=rngs)
+    self.final_norm = make_norm(d_model, norm_eps, self.norm_offset, rngs=rngs, dtype=dtype,
+                                param_dtype=param_dtype)
 
   def embed_tokens(self, tokens: Array) -> Array:
     """``tokens [B, ...]`` -> embeddings ``[B, ..., D]``, times ``embed_scale`` if set."""
@@ -206,7 +209,7 @@ class LanguageModel(nnx.Module):
     tie_embeddings: reuse the embedding matrix as the output head.
     layers: one :class:`~linear_attention.models.blocks.LayerSpec` per block, instead of
       ``mixer``/``pattern`` and the shared options (see :class:`Backbone`).
-    embed_scale: multiplies the token embeddings (see :class:`Backbone`); None for none.
+    embed_scale, norm_offset: see :class:`Backbone`.
     logit_soft_cap: ``cap * tanh(logits / cap)`` on the output (Gemma's and xLSTM-7B's
       30); None for none.
 
@@ -222,15 +225,16 @@ class LanguageModel(nnx.Module):
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
                norm_eps: float = 1e-6, short_conv: int = 0,
                layers: Sequence[LayerSpec] | None = None, embed_scale: float | None = None,
-               logit_soft_cap: float | None = None, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               norm_offset: float = 0.0, logit_soft_cap: float | None = None,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     modules.check_soft_cap("logit_soft_cap", logit_soft_cap)
     self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
                              short_conv=short_conv, layers=layers, embed_scale=embed_scale,
-                             rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+                             norm_offset=norm_offset, rngs=rngs, dtype=dtype,
+                             param_dtype=param_dtype)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:
       raise ValueError(f"a causal language model cannot use the encoder mixers {non_causal}.")

@@ -41,6 +41,12 @@ FAMILIES = {
                                              state_size=8, n_groups=2, conv_kernel=4,
                                              chunk_size=4, tie_word_embeddings=True,
                                              time_step_limit=(0.02, 0.08)), False),
+    # Griffin's R, R, A pattern; the 9-token prompt runs past the attention window of 4.
+    "recurrent_gemma": ("RecurrentGemmaConfig", dict(_COMMON, num_hidden_layers=3,
+                                                     num_attention_heads=2, num_key_value_heads=1,
+                                                     lru_width=24, intermediate_size=48,
+                                                     attention_window_size=4, conv1d_width=4),
+                        True),
     # qk and v widths multiples of 64: transformers' xLSTM cache rounds them up to 64.
     "xlstm": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0, v_dim_factor=4.0,
                                   chunk_size=4, tie_word_embeddings=False), True),
@@ -72,7 +78,10 @@ def logits_and_tokens(model, prompt: np.ndarray = PROMPT, new_tokens: int = NEW_
     logits = model(ids).logits.float().numpy()
     tokens = None
     if generate:
-      tokens = model.generate(ids, max_new_tokens=new_tokens, do_sample=False,
+      # An explicit all-ones mask: without one, generate masks every token equal to
+      # pad_token_id (0) as padding, which the attention families then skip.
+      tokens = model.generate(ids, attention_mask=torch.ones_like(ids),
+                              max_new_tokens=new_tokens, do_sample=False,
                               min_new_tokens=new_tokens).numpy()
   return logits, tokens
 

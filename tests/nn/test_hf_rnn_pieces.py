@@ -136,3 +136,34 @@ def test_mlstm_layer_bad_options_name_themselves():
     xlstm.MLSTMLayer(64, 2, eps=-1.0, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"\binitial_m must be"):
     xlstm.MLSTM(32, 2, initial_m=float("nan"), rngs=nnx.Rngs(0))
+
+
+def test_local_attention_matches_recurrentgemma_attention():
+  """Multi-query sliding-window attention with RoPE on half of each head and a bias on the
+  output projection only; decoding runs past the window (the rolling cache)."""
+  from transformers import RecurrentGemmaConfig
+  from transformers.models.recurrent_gemma import modeling_recurrent_gemma as hf
+  from linear_attention.nn import attention
+  window = 5
+  cfg = RecurrentGemmaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
+                             attention_window_size=window, num_hidden_layers=1, vocab_size=16)
+  cfg._attn_implementation = "eager"
+  ref = hf.RecurrentGemmaAttention(cfg, 0).eval()
+  _randomise(ref, 3)
+  head_dim = 32 // 4
+  layer = attention.LocalAttention(32, 4, window=window, num_kv_heads=1,
+                                   rotary_dim=head_dim // 2, out_bias=True,
+                                   rope_base=cfg.rope_parameters["rope_theta"], rngs=nnx.Rngs(0))
+  for ours, theirs in ((layer.q_proj, ref.q_proj), (layer.k_proj, ref.k_proj),
+                       (layer.v_proj, ref.v_proj), (layer.o_proj, ref.o_proj)):
+    _dense(ours, theirs)
+  x = _input(32, 3)
+  i = np.arange(T)
+  visible = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+  mask = torch.from_numpy(np.where(visible, 0.0, -np.inf).astype(np.float32))[None, None]
+  with torch.no_grad():
+    want, _ = ref(torch.from_numpy(x), position_ids=torch.arange(T)[None].expand(B, T),
+                  attention_mask=mask)
+  got = layer(jnp.asarray(x))
+  helpers.assert_close(got, _np(want), 1e-5, 1e-5)
+  helpers.assert_close(_decode(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)
