@@ -47,6 +47,10 @@ FAMILIES = {
                                                      lru_width=24, intermediate_size=48,
                                                      attention_window_size=4, conv1d_width=4),
                         True),
+    "lfm2": ("Lfm2Config", dict(_COMMON, num_hidden_layers=3, num_attention_heads=2,
+                                num_key_value_heads=1, intermediate_size=48, block_multiple_of=16,
+                                conv_L_cache=3, layer_types=["conv", "full_attention", "conv"]),
+             True),
     # qk and v widths multiples of 64: transformers' xLSTM cache rounds them up to 64.
     "xlstm": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0, v_dim_factor=4.0,
                                   chunk_size=4, tie_word_embeddings=False), True),

@@ -8,3 +8,4 @@ from linear_attention.hub.families import mamba  # noqa: F401
 from linear_attention.hub.families import mamba2  # noqa: F401
 from linear_attention.hub.families import xlstm  # noqa: F401
 from linear_attention.hub.families import recurrent_gemma  # noqa: F401
+from linear_attention.hub.families import lfm2  # noqa: F401
