@@ -41,6 +41,13 @@ FAMILIES = {
                                              state_size=8, n_groups=2, conv_kernel=4,
                                              chunk_size=4, tie_word_embeddings=True,
                                              time_step_limit=(0.02, 0.08)), False),
+    "nemotron_h": ("NemotronHConfig", dict(
+        {k: v for k, v in _COMMON.items() if k != "num_hidden_layers"},
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp",
+                           "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=24,
+        ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=8, n_groups=2, chunk_size=4),
+        True),
 }
 
 
