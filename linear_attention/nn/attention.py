@@ -33,7 +33,8 @@ class SoftmaxAttention(mixer.Mixer):
   cache stores only ``num_kv_heads``. Decoding keeps a ``[B, max_len, Hkv, Dh]``
   key and value cache (keys stored after the rotation). With the sequence sharded
   (``config.mesh.seq``) it runs all-gather attention (see
-  :mod:`~linear_attention.nn.context_parallel`).
+  :mod:`~linear_attention.nn.context_parallel`). ``scale`` multiplies the logits ``q . k``
+  (default ``head_dim ** -0.5``; Granite's ``attention_multiplier``).
   """
 
   context_parallel = True
@@ -41,7 +42,8 @@ class SoftmaxAttention(mixer.Mixer):
   def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                head_dim: int | None = None, causal: bool = True, use_rope: bool = True,
                rope_base: float = 10000.0, implementation: str | None = None,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               scale: float | None = None, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     mixer.check_divisible("num_heads", num_heads, "num_kv_heads", num_kv_heads)
     if head_dim is None:
@@ -50,6 +52,9 @@ class SoftmaxAttention(mixer.Mixer):
     if use_rope and head_dim % 2:
       raise ValueError(f"head_dim must be even for RoPE, got {head_dim}.")
     self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+      raise ValueError(f"scale must be None or a number > 0, got {scale!r}.")
+    self.scale = head_dim**-0.5 if scale is None else float(scale)
     self.causal, self.use_rope, self.rope_base = causal, use_rope, rope_base
     self.implementation = implementation
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
@@ -74,7 +79,7 @@ class SoftmaxAttention(mixer.Mixer):
 
   def _attend(self, q, k, v, segment_ids):
     return softmax_ops.softmax_attention(
-        q, k, v, causal=self.causal, segment_ids=segment_ids,
+        q, k, v, causal=self.causal, scale=self.scale, segment_ids=segment_ids,
         implementation=self.implementation, context=cp.context())
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
@@ -110,8 +115,8 @@ class SoftmaxAttention(mixer.Mixer):
     visible = seg[:, None, :, None] == seg[:, None, None, :]  # [B, 1, T, T]
     if self.causal:
       visible &= jnp.tril(jnp.ones((t, t), bool))
-    # The op's default scale, key_dim ** -0.5, on q in float32 as the op applies it.
-    s = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32) * self.head_dim**-0.5,
+    # The layer's scale on q in float32, as the op applies it.
+    s = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32) * self.scale,
                    k.astype(jnp.float32))
     return jax.nn.softmax(jnp.where(visible, s, softmax_ops.MASK_VALUE), axis=-1)
 
@@ -166,7 +171,7 @@ class SoftmaxAttention(mixer.Mixer):
     slot, visible = self._slot_and_visible(pos, length)
     keys = lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), slot, 1)
     values = lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), slot, 1)
-    scale = self.head_dim**-0.5
+    scale = self.scale
     bias, extra = self._decode_bias(x, cache, slot)
     o, _ = softmax_ops.dense_attention_stats(
         q, modules.repeat_kv(keys, self.groups).astype(q.dtype),
