@@ -34,7 +34,9 @@ class SoftmaxAttention(mixer.Mixer):
   key and value cache (keys stored after the rotation). With the sequence sharded
   (``config.mesh.seq``) it runs all-gather attention (see
   :mod:`~linear_attention.nn.context_parallel`). ``scale`` multiplies the logits ``q . k``
-  (default ``head_dim ** -0.5``; Granite's ``attention_multiplier``).
+  (default ``head_dim ** -0.5``; Granite's ``attention_multiplier``). ``rotary_dim`` rotates
+  only the first ``rotary_dim`` channels of each head (partial RoPE, Bamba's
+  ``partial_rotary_factor``); ``None`` rotates the whole head.
   """
 
   context_parallel = True
@@ -42,8 +44,8 @@ class SoftmaxAttention(mixer.Mixer):
   def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                head_dim: int | None = None, causal: bool = True, use_rope: bool = True,
                rope_base: float = 10000.0, implementation: str | None = None,
-               scale: float | None = None, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               scale: float | None = None, rotary_dim: int | None = None, rngs: nnx.Rngs,
+               dtype=None, param_dtype=jnp.float32):
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     mixer.check_divisible("num_heads", num_heads, "num_kv_heads", num_kv_heads)
     if head_dim is None:
@@ -51,6 +53,11 @@ class SoftmaxAttention(mixer.Mixer):
       head_dim = d_model // num_heads
     if use_rope and head_dim % 2:
       raise ValueError(f"head_dim must be even for RoPE, got {head_dim}.")
+    if rotary_dim is not None and not (isinstance(rotary_dim, int) and 0 < rotary_dim <= head_dim
+                                       and rotary_dim % 2 == 0):
+      raise ValueError(f"rotary_dim must be None or an even int in 2..head_dim={head_dim}, got "
+                       f"{rotary_dim!r}.")
+    self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
     self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
     if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
       raise ValueError(f"scale must be None or a number > 0, got {scale!r}.")
@@ -74,8 +81,14 @@ class SoftmaxAttention(mixer.Mixer):
     k = modules.split_heads(self.k_proj(x), self.num_kv_heads)
     v = modules.split_heads(self.v_proj(x), self.num_kv_heads)
     if self.use_rope:
-      q, k = modules.rope(q, positions, self.rope_base), modules.rope(k, positions, self.rope_base)
+      q, k = self._rope(q, positions), self._rope(k, positions)
     return q, k, v
+
+  def _rope(self, x: Array, positions: Array) -> Array:
+    r = self.rotary_dim
+    if r == x.shape[-1]:
+      return modules.rope(x, positions, self.rope_base)
+    return jnp.concatenate([modules.rope(x[..., :r], positions, self.rope_base), x[..., r:]], -1)
 
   def _attend(self, q, k, v, segment_ids):
     return softmax_ops.softmax_attention(

@@ -61,6 +61,12 @@ FAMILIES = {
         mamba_n_groups=1, mamba_d_state=8, mamba_expand=2, mamba_chunk_size=4,
         position_embedding_type="rope", rope_parameters={"rope_theta": 500.0,
                                                          "rope_type": "default"}), True),
+    "bamba": ("BambaConfig", dict(
+        _COMMON, num_hidden_layers=3, attn_layer_indices=[1], intermediate_size=24,
+        num_attention_heads=2, num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8,
+        mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=4, rope_parameters={"rope_theta": 300.0, "partial_rotary_factor": 0.5,
+                                             "rope_type": "default"}), True),
 }
 
 
