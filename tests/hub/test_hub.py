@@ -270,3 +270,16 @@ def test_checkpoint_options_are_checked_by_name(make, match):
   from flax import nnx
   with pytest.raises(ValueError, match=match):
     make(nnx.Rngs(0))
+
+
+def test_nemotron_h_older_config_names(tmp_path):
+  # Released Nemotron-H configs use hybrid_override_pattern and mamba_* names.
+  d = copy_fixture("nemotron_h", tmp_path)
+  config = json.loads((d / "config.json").read_text())
+  letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+  config["hybrid_override_pattern"] = "".join(letters[k] for k in config.pop("layers_block_type"))
+  config["mamba_n_groups"] = config.pop("n_groups")
+  config["mamba_d_conv"] = config.pop("conv_kernel")
+  (d / "config.json").write_text(json.dumps(config))
+  e = expected("nemotron_h")
+  assert rel_err(hub.from_pretrained(d)(jnp.asarray(e["prompt"], jnp.int32)), e["logits"]) < RTOL
