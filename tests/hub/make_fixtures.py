@@ -95,7 +95,9 @@ def logits_and_tokens(model, prompt: np.ndarray = PROMPT, new_tokens: int = NEW_
     logits = model(ids).logits.float().numpy()
     tokens = None
     if generate:
-      tokens = model.generate(ids, max_new_tokens=new_tokens, do_sample=False,
+      # An explicit all-ones mask: without it generate() takes token pad_token_id for padding.
+      tokens = model.generate(ids, attention_mask=torch.ones_like(ids),
+                              max_new_tokens=new_tokens, do_sample=False,
                               min_new_tokens=new_tokens).numpy()
   return logits, tokens
 
