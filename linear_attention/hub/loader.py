@@ -95,7 +95,8 @@ def from_pretrained(path, *, dtype=None) -> nnx.Module:
           bad_shapes.append(f"{e.name} (must equal {e.of}: the config ties them)")
         continue
       var = variables[e.path]
-      value = np.asarray(e.load([reader.get(n) for n in e.names]))
+      # Contiguous before the read buffer is dropped: at most two host copies of one tensor.
+      value = np.ascontiguousarray(e.load([reader.get(n) for n in e.names]))
       if tuple(value.shape) != tuple(var.shape):
         bad_shapes.append(f"{' + '.join(e.names)}: checkpoint gives {tuple(value.shape)}, "
                           f"the parameter {'/'.join(map(str, e.path))} is {tuple(var.shape)}")

@@ -60,6 +60,8 @@ class LayerSpec:
     norm_eps: epsilon of the block's RMSNorms.
     norm_offset: the block's RMSNorms multiply by ``norm_offset + scale``: 0, or 1 for the
       zero-centred scale of Gemma (see :func:`make_norm`).
+    residual_scale: multiplies the mixer's and the MLP's outputs before each residual add
+      (Granite's ``residual_multiplier``).
   """
   mixer: str | None
   num_heads: int = 1
@@ -68,6 +70,7 @@ class LayerSpec:
   mlp_hidden: int = 0
   norm_eps: float = 1e-6
   norm_offset: float = 0.0
+  residual_scale: float = 1.0
 
   def __post_init__(self):
     if self.mixer is None and self.mlp is None:
@@ -116,6 +119,7 @@ class Block(nnx.Module):
     mlp: the MLP kind (:data:`MLPS`) when there is one.
     hidden: the MLP's hidden width, instead of ``mlp_ratio`` (0: no MLP).
     norm_offset: 0, or 1 for zero-centred norm scales (see :func:`make_norm`).
+    residual_scale: multiplies the mixer's and the MLP's outputs before the residual adds.
 
   ``mixer=None`` makes a block that is only ``x + MLP(RMSNorm(x))`` (its cache is ``None``).
   """
@@ -123,7 +127,8 @@ class Block(nnx.Module):
   def __init__(self, d_model: int, mixer: str | None, num_heads: int, *,
                mlp_ratio: float = 8 / 3, mixer_kwargs: Mapping[str, Any] | None = None,
                norm_eps: float = 1e-6, short_conv: int = 0, mlp: str = "swiglu",
-               hidden: int | None = None, norm_offset: float = 0.0, rngs: nnx.Rngs, dtype=None,
+               hidden: int | None = None, norm_offset: float = 0.0,
+               residual_scale: float = 1.0, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
     if short_conv < 0 or short_conv == 1:
       raise ValueError(f"short_conv must be 0 (none) or a width >= 2, got {short_conv}.")
@@ -131,6 +136,9 @@ class Block(nnx.Module):
       raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}.")
     if mixer is None and short_conv:
       raise ValueError(f"short_conv needs a mixer, got mixer=None and short_conv={short_conv}.")
+    if isinstance(residual_scale, bool) or not isinstance(residual_scale, (int, float)):
+      raise ValueError(f"residual_scale must be a number, got {residual_scale!r}.")
+    self.residual_scale = float(residual_scale)
     self.mixer_name = mixer
     norm = lambda: make_norm(d_model, norm_eps, norm_offset, rngs=rngs, dtype=dtype,
                              param_dtype=param_dtype)
@@ -156,10 +164,14 @@ class Block(nnx.Module):
     return cls(d_model, spec.mixer, spec.num_heads, mixer_kwargs=spec.mixer_kwargs,
                norm_eps=spec.norm_eps, mlp=spec.mlp or "swiglu",
                hidden=spec.mlp_hidden if spec.mlp else 0, norm_offset=spec.norm_offset,
-               rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+               residual_scale=spec.residual_scale, rngs=rngs, dtype=dtype,
+               param_dtype=param_dtype)
+
+  def _scaled(self, y):
+    return y if self.residual_scale == 1.0 else y * self.residual_scale
 
   def _mlp(self, x):
-    return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
+    return x if self.mlp is None else x + self._scaled(self.mlp(self.mlp_norm(x)))
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
@@ -168,7 +180,7 @@ class Block(nnx.Module):
     h = self.mixer_norm(x)
     if self.pre_conv is not None:
       h = self.pre_conv(h, segment_ids=segment_ids)
-    x = x + self.mixer(h, segment_ids=segment_ids)
+    x = x + self._scaled(self.mixer(h, segment_ids=segment_ids))
     return self._mlp(x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32):
@@ -187,7 +199,7 @@ class Block(nnx.Module):
     h = self.mixer_norm(x)
     if self.pre_conv is None:
       y, cache = self.mixer.decode_step(h, cache)
-      return self._mlp(x + y), cache
+      return self._mlp(x + self._scaled(y)), cache
     h, conv = self.pre_conv.step(h, cache["conv"])
     y, mixer_cache = self.mixer.decode_step(h, cache["mixer"])
-    return self._mlp(x + y), {"mixer": mixer_cache, "conv": conv}
+    return self._mlp(x + self._scaled(y)), {"mixer": mixer_cache, "conv": conv}

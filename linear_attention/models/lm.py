@@ -84,6 +84,12 @@ def resolve_pattern(num_layers: int | None, mixer: str | None = None,
   return names
 
 
+def _check_scale(name: str, value) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise ValueError(f"{name} must be a number > 0, got {value!r}.")
+  return float(value)
+
+
 class Backbone(nnx.Module):
   """Token embedding, a stack of :class:`Block`, final RMSNorm: tokens -> hidden ``[B, T, D]``.
 
@@ -97,10 +103,10 @@ class Backbone(nnx.Module):
   ``num_layers``, ``num_heads``, ``mlp_ratio``, ``mixer_kwargs`` and ``short_conv`` are then
   unused and must keep their defaults (``norm_eps`` is the final norm's).
 
-  ``embed_scale`` multiplies the token embeddings before the first block (Gemma's
-  ``sqrt(D)``); None for none. ``norm_offset=1`` makes the norms' scales zero-centred
-  (Gemma's ``1 + scale``; with ``layers=`` the final norm's only, the blocks' come from
-  their ``LayerSpec``).
+  ``embed_scale`` multiplies the token embeddings (Granite's ``embedding_multiplier``,
+  Gemma's ``sqrt(D)``). ``norm_offset=1`` makes the norms' scales zero-centred (Gemma's
+  ``1 + scale``; with ``layers=`` the final norm's only, the blocks' come from their
+  ``LayerSpec``).
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -109,15 +115,11 @@ class Backbone(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, layers: Sequence[LayerSpec] | None = None,
-               embed_scale: float | None = None, norm_offset: float = 0.0, rngs: nnx.Rngs,
+               embed_scale: float = 1.0, norm_offset: float = 0.0, rngs: nnx.Rngs,
                dtype=None, param_dtype=jnp.float32):
     check_positive("vocab_size", vocab_size)
     check_positive("d_model", d_model)
-    if embed_scale is not None and (isinstance(embed_scale, bool)
-                                    or not isinstance(embed_scale, (int, float))
-                                    or not 0 < embed_scale < float("inf")):
-      raise ValueError(f"embed_scale must be None or a finite number > 0, got {embed_scale!r}.")
-    self.embed_scale = None if embed_scale is None else float(embed_scale)
+    self.embed_scale = _check_scale("embed_scale", embed_scale)
     self.norm_offset = norm_offset
     if layers is not None:
       self._init_layers(vocab_size, d_model, layers, num_layers=num_layers, pattern=pattern,
@@ -163,11 +165,6 @@ class Backbone(nnx.Module):
     self.final_norm = make_norm(d_model, norm_eps, self.norm_offset, rngs=rngs, dtype=dtype,
                                 param_dtype=param_dtype)
 
-  def embed_tokens(self, tokens: Array) -> Array:
-    """``tokens [B, ...]`` -> embeddings ``[B, ..., D]``, times ``embed_scale`` if set."""
-    x = self.embed(tokens)
-    return x if self.embed_scale is None else x * jnp.asarray(self.embed_scale, x.dtype)
-
   def run(self, x: Array, segment_ids: Array | None = None) -> Array:
     """Embedded ``x [B, T, D]`` through the blocks and the final norm."""
     for blk in self.blocks:
@@ -178,6 +175,11 @@ class Backbone(nnx.Module):
     """``tokens [B, T]`` int -> hidden ``[B, T, D]``."""
     check_token_ids(tokens, self.vocab_size)
     return self.run(self.embed_tokens(tokens), segment_ids)
+
+  def embed_tokens(self, tokens: Array) -> Array:
+    """``tokens`` -> embeddings (times ``embed_scale``)."""
+    x = self.embed(tokens)
+    return x if self.embed_scale == 1.0 else x * self.embed_scale
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> list:
     """One cache per block (a list pytree)."""
@@ -210,8 +212,9 @@ class LanguageModel(nnx.Module):
     layers: one :class:`~linear_attention.models.blocks.LayerSpec` per block, instead of
       ``mixer``/``pattern`` and the shared options (see :class:`Backbone`).
     embed_scale, norm_offset: see :class:`Backbone`.
-    logit_soft_cap: ``cap * tanh(logits / cap)`` on the output (Gemma's and xLSTM-7B's
-      30); None for none.
+    logit_scale: multiplies the logits (Granite's ``1 / logits_scaling``).
+    logit_soft_cap: ``cap * tanh(logits / cap)`` on the (scaled) logits (Gemma's and
+      xLSTM-7B's 30); None for none.
 
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
   ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
@@ -224,9 +227,10 @@ class LanguageModel(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
                norm_eps: float = 1e-6, short_conv: int = 0,
-               layers: Sequence[LayerSpec] | None = None, embed_scale: float | None = None,
-               norm_offset: float = 0.0, logit_soft_cap: float | None = None,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               layers: Sequence[LayerSpec] | None = None, embed_scale: float = 1.0,
+               norm_offset: float = 0.0, logit_scale: float = 1.0,
+               logit_soft_cap: float | None = None, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     modules.check_soft_cap("logit_soft_cap", logit_soft_cap)
     self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
@@ -235,6 +239,7 @@ class LanguageModel(nnx.Module):
                              short_conv=short_conv, layers=layers, embed_scale=embed_scale,
                              norm_offset=norm_offset, rngs=rngs, dtype=dtype,
                              param_dtype=param_dtype)
+    self.logit_scale = _check_scale("logit_scale", logit_scale)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:
       raise ValueError(f"a causal language model cannot use the encoder mixers {non_causal}.")
@@ -259,6 +264,7 @@ class LanguageModel(nnx.Module):
 
   def _logits(self, h):
     logits = self.backbone.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+    logits = logits if self.logit_scale == 1.0 else logits * self.logit_scale
     return modules.soft_cap(logits, self.logit_soft_cap)
 
   def __call__(self, tokens: Array, segment_ids: Array | None = None,
@@ -325,7 +331,7 @@ class SequenceClassifier(nnx.Module):
     check_token_ids(tokens, self.backbone.vocab_size)
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else jnp.broadcast_to(mask.astype(bool), (b, t))
-    x = self.backbone.embed(tokens)
+    x = self.backbone.embed_tokens(tokens)
     if self.cls is not None:
       cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1]))
       h = self.backbone.run(jnp.concatenate([cls, x], axis=1))

@@ -41,6 +41,32 @@ FAMILIES = {
                                              state_size=8, n_groups=2, conv_kernel=4,
                                              chunk_size=4, tie_word_embeddings=True,
                                              time_step_limit=(0.02, 0.08)), False),
+    "nemotron_h": ("NemotronHConfig", dict(
+        {k: v for k, v in _COMMON.items() if k != "num_hidden_layers"},
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp",
+                           "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=24,
+        ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=8, n_groups=2, chunk_size=4),
+        True),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", dict(
+        _COMMON, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=0,
+        shared_intermediate_size=24, num_attention_heads=4, num_key_value_heads=2,
+        mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=4, embedding_multiplier=3.0,
+        attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.5,
+        tie_word_embeddings=True), True),
+    "granitemoehybrid_rope": ("GraniteMoeHybridConfig", dict(
+        _COMMON, layer_types=["attention", "mamba"], num_local_experts=0, shared_intermediate_size=24,
+        num_attention_heads=2, num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8,
+        mamba_n_groups=1, mamba_d_state=8, mamba_expand=2, mamba_chunk_size=4,
+        position_embedding_type="rope", rope_parameters={"rope_theta": 500.0,
+                                                         "rope_type": "default"}), True),
+    "bamba": ("BambaConfig", dict(
+        _COMMON, num_hidden_layers=3, attn_layer_indices=[1], intermediate_size=24,
+        num_attention_heads=2, num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8,
+        mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=4, rope_parameters={"rope_theta": 300.0, "partial_rotary_factor": 0.5,
+                                             "rope_type": "default"}), True),
     # Griffin's R, R, A pattern; the 9-token prompt runs past the attention window of 4.
     "recurrent_gemma": ("RecurrentGemmaConfig", dict(_COMMON, num_hidden_layers=3,
                                                      num_attention_heads=2, num_key_value_heads=1,
@@ -82,8 +108,7 @@ def logits_and_tokens(model, prompt: np.ndarray = PROMPT, new_tokens: int = NEW_
     logits = model(ids).logits.float().numpy()
     tokens = None
     if generate:
-      # An explicit all-ones mask: without one, generate masks every token equal to
-      # pad_token_id (0) as padding, which the attention families then skip.
+      # An explicit all-ones mask: without it generate() takes token pad_token_id for padding.
       tokens = model.generate(ids, attention_mask=torch.ones_like(ids),
                               max_new_tokens=new_tokens, do_sample=False,
                               min_new_tokens=new_tokens).numpy()

@@ -61,3 +61,11 @@ def test_against_transformers(name, tmp_path):
   back16 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved_bf16")
   assert next(back16.parameters()).dtype == torch.bfloat16
   assert rel_err(hf_logits(back16.float().eval()), ref_logits) < BF16_RTOL.get(name, 5e-2)
+
+
+def test_transformers_shards_load(tmp_path):
+  ref = make_fixtures.build("mamba2", seed=2)
+  ref.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+  assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+  model = hub.from_pretrained(tmp_path / "sharded")
+  assert rel_err(model(jnp.asarray(PROMPT, jnp.int32)), hf_logits(ref)) < 1e-4

@@ -9,3 +9,6 @@ from linear_attention.hub.families import mamba2  # noqa: F401
 from linear_attention.hub.families import xlstm  # noqa: F401
 from linear_attention.hub.families import recurrent_gemma  # noqa: F401
 from linear_attention.hub.families import lfm2  # noqa: F401
+from linear_attention.hub.families import nemotron_h  # noqa: F401
+from linear_attention.hub.families import granitemoehybrid  # noqa: F401
+from linear_attention.hub.families import bamba  # noqa: F401

@@ -21,15 +21,18 @@ from linear_attention.models.lm import LanguageModel
 
 def mixer_kwargs(config: Mapping[str, Any], *, heads: str = "num_heads",
                  head_dim: str = "head_dim", state: str = "state_size", groups: str = "n_groups",
-                 conv: str = "conv_kernel", expand: str = "expand",
-                 eps: str = "layer_norm_epsilon") -> tuple[int, dict]:
-  """``(num_heads, nn.Mamba2 options)`` of a config; the key names differ by family."""
-  for key, supported, default in (("use_bias", False, False), ("use_conv_bias", True, True)):
+                 conv: str = "conv_kernel", expand: str | None = "expand",
+                 eps: str = "layer_norm_epsilon", bias: str = "use_bias",
+                 conv_bias: str = "use_conv_bias", act: str = "hidden_act") -> tuple[int, dict]:
+  """``(num_heads, nn.Mamba2 options)`` of a config; the key names differ by family
+  (``expand=None``: the inner width is ``heads * head_dim`` whatever ``expand`` says)."""
+  for key, supported, default in ((bias, False, False), (conv_bias, True, True),
+                                  (act, "silu", "silu")):
     require(config, key, supported, default)
   d = get(config, "hidden_size")
   h, p = get(config, heads), get(config, head_dim)
   d_inner = h * p
-  e = get(config, expand, None)
+  e = None if expand is None else get(config, expand, None)
   if e is not None and int(e * d) != d_inner:
     raise ValueError(f"config.json {heads} * {head_dim} = {d_inner} must equal {expand} * "
                      f"hidden_size = {e} * {d}.")
@@ -57,7 +60,6 @@ def mixer_tensors(m: str, pm: tuple, config: Mapping[str, Any], *, groups: str =
 def build(config: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=None,
           param_dtype=jnp.float32) -> LanguageModel:
   """The ``LanguageModel`` of a Mamba-2 ``config.json``."""
-  require(config, "hidden_act", "silu", "silu")
   require(config, "rms_norm", True, True)
   heads, kwargs = mixer_kwargs(config)
   eps = float(get(config, "layer_norm_epsilon", 1e-5))
