@@ -12,10 +12,25 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention.nn import modules
-from linear_attention.nn.mlp import GLUMLP  # noqa: F401  (re-exported: the blocks' MLP)
 from linear_attention.nn import registry
 
 Array = jax.Array
+
+
+class GLUMLP(nnx.Module):
+  """Gated MLP ``W_down(silu(W_gate x) * W_up x)`` (SwiGLU), hidden width ``hidden``."""
+
+  def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.hidden = hidden
+    self.up = modules.dense(d_model, 2 * hidden, **kw)  # gate and up, one matmul
+    self.down = modules.dense(hidden, d_model, **kw)
+
+  def __call__(self, x: Array) -> Array:
+    """``[..., D] -> [..., D]``."""
+    gu = self.up(x)
+    return self.down(jax.nn.silu(gu[..., :self.hidden]) * gu[..., self.hidden:])
 
 
 def mlp_hidden(d_model: int, mlp_ratio: float) -> int:
