@@ -1,6 +1,7 @@
 """Blocks, language model, classifier and cached generation over ``linear_attention.nn``."""
 
-from linear_attention.models.blocks import GLUMLP, Block, mlp_hidden
+from linear_attention.models.blocks import (GLUMLP, MLPS, Block, LayerSpec, ReluSquaredMLP,
+                                            mlp_hidden)
 from linear_attention.models.generate import generate, redraw_random_features, sample_logits
 from linear_attention.models.lm import (POOLINGS, Backbone, LanguageModel, SequenceClassifier,
                                         count_params, resolve_pattern)

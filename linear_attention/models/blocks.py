@@ -1,10 +1,15 @@
 """Pre-norm residual block: ``x + mixer(RMSNorm(x))``, then ``x + MLP(RMSNorm(x))``.
 
 Shapes: ``x [B, T, D] -> [B, T, D]``; decoding ``x_t [B, D] -> [B, D]``.
+
+A model given layer by layer (the real checkpoints of :mod:`linear_attention.hub`) is a
+list of :class:`LayerSpec`: each layer names its own mixer (or none), heads, mixer
+options, MLP kind and width, so no option is shared by name across layers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import jax
@@ -33,6 +38,58 @@ class GLUMLP(nnx.Module):
     return self.down(jax.nn.silu(gu[..., :self.hidden]) * gu[..., self.hidden:])
 
 
+class ReluSquaredMLP(nnx.Module):
+  """Plain MLP ``W_down(relu(W_up x)^2)`` (Nemotron-H, Primer's squared ReLU), width ``hidden``."""
+
+  def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.hidden = hidden
+    self.up = modules.dense(d_model, hidden, **kw)
+    self.down = modules.dense(hidden, d_model, **kw)
+
+  def __call__(self, x: Array) -> Array:
+    """``[..., D] -> [..., D]``."""
+    return self.down(jnp.square(jax.nn.relu(self.up(x))))
+
+
+# MLP kinds of a block: name -> class taking (d_model, hidden, rngs=, dtype=, param_dtype=).
+MLPS = {"swiglu": GLUMLP, "relu2": ReluSquaredMLP}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+  """One layer of a model described layer by layer.
+
+  Attributes:
+    mixer: a registry name (``linear_attention.nn.MIXERS``), or ``None`` for a layer that
+      is only an MLP (Nemotron-H's ``-`` layers).
+    num_heads: the mixer's heads.
+    mixer_kwargs: the mixer's options, for this layer only.
+    mlp: an MLP kind of :data:`MLPS`, or ``None`` for no MLP (Mamba stacks).
+    mlp_hidden: the MLP's hidden width (``> 0`` when ``mlp`` is set).
+    norm_eps: epsilon of the block's RMSNorms.
+  """
+  mixer: str | None
+  num_heads: int = 1
+  mixer_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  mlp: str | None = None
+  mlp_hidden: int = 0
+  norm_eps: float = 1e-6
+
+  def __post_init__(self):
+    if self.mixer is None and self.mlp is None:
+      raise ValueError("LayerSpec needs a mixer or an mlp (or both), got neither.")
+    if self.mixer is not None and self.mixer not in registry.MIXERS:
+      raise ValueError(f"LayerSpec mixer must be one of {list(registry.MIXERS)} or None, got "
+                       f"{self.mixer!r}.")
+    if self.mlp is not None and self.mlp not in MLPS:
+      raise ValueError(f"LayerSpec mlp must be one of {list(MLPS)} or None, got {self.mlp!r}.")
+    if self.mlp is not None and not (isinstance(self.mlp_hidden, int) and self.mlp_hidden > 0):
+      raise ValueError(f"LayerSpec mlp_hidden must be an int > 0 with mlp={self.mlp!r}, got "
+                       f"{self.mlp_hidden!r}.")
+
+
 def mlp_hidden(d_model: int, mlp_ratio: float) -> int:
   """``mlp_ratio * D`` rounded up to a multiple of 8 (0 when ``mlp_ratio`` is 0)."""
   h = int(round(mlp_ratio * d_model))
@@ -53,33 +110,56 @@ class Block(nnx.Module):
       path, as Zoology's MQAR recipes (a short convolution before each mixer)
       and flash-linear-attention's ``use_short_conv`` do. Its window is
       carried in the decode cache, so decoding still equals the forward pass.
+    mlp: the MLP kind (:data:`MLPS`) when there is one.
+    hidden: the MLP's hidden width, instead of ``mlp_ratio`` (0: no MLP).
+
+  ``mixer=None`` makes a block that is only ``x + MLP(RMSNorm(x))`` (its cache is ``None``).
   """
 
-  def __init__(self, d_model: int, mixer: str, num_heads: int, *, mlp_ratio: float = 8 / 3,
-               mixer_kwargs: Mapping[str, Any] | None = None, norm_eps: float = 1e-6,
-               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+  def __init__(self, d_model: int, mixer: str | None, num_heads: int, *,
+               mlp_ratio: float = 8 / 3, mixer_kwargs: Mapping[str, Any] | None = None,
+               norm_eps: float = 1e-6, short_conv: int = 0, mlp: str = "swiglu",
+               hidden: int | None = None, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     if short_conv < 0 or short_conv == 1:
       raise ValueError(f"short_conv must be 0 (none) or a width >= 2, got {short_conv}.")
+    if mlp not in MLPS:
+      raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}.")
+    if mixer is None and short_conv:
+      raise ValueError(f"short_conv needs a mixer, got mixer=None and short_conv={short_conv}.")
     self.mixer_name = mixer
     norm = lambda: nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype, param_dtype=param_dtype,
                                rngs=rngs)
-    self.mixer_norm = norm()
+    self.mixer_norm = norm() if mixer is not None else None
     # No activation: a linear mix of the last few tokens, which the mixer's own
     # projections then read (keys from the previous token, values from this one).
     self.pre_conv = modules.ShortConv(d_model, short_conv, activation=None, rngs=rngs,
                                    param_dtype=param_dtype) if short_conv else None
-    self.mixer = registry.make_mixer(mixer, d_model, num_heads, rngs=rngs, dtype=dtype,
-                                     param_dtype=param_dtype, **dict(mixer_kwargs or {}))
-    hidden = mlp_hidden(d_model, mlp_ratio)
+    self.mixer = None if mixer is None else registry.make_mixer(
+        mixer, d_model, num_heads, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+        **dict(mixer_kwargs or {}))
+    hidden = mlp_hidden(d_model, mlp_ratio) if hidden is None else hidden
+    if mixer is None and not hidden:
+      raise ValueError("a block with mixer=None needs an MLP (hidden > 0), got hidden=0.")
     self.mlp_norm = norm() if hidden else None
-    self.mlp = GLUMLP(d_model, hidden, rngs=rngs, dtype=dtype,
-                      param_dtype=param_dtype) if hidden else None
+    self.mlp = MLPS[mlp](d_model, hidden, rngs=rngs, dtype=dtype,
+                         param_dtype=param_dtype) if hidden else None
+
+  @classmethod
+  def from_spec(cls, d_model: int, spec: LayerSpec, *, rngs: nnx.Rngs, dtype=None,
+                param_dtype=jnp.float32) -> "Block":
+    """The block of one :class:`LayerSpec`."""
+    return cls(d_model, spec.mixer, spec.num_heads, mixer_kwargs=spec.mixer_kwargs,
+               norm_eps=spec.norm_eps, mlp=spec.mlp or "swiglu",
+               hidden=spec.mlp_hidden if spec.mlp else 0, rngs=rngs, dtype=dtype,
+               param_dtype=param_dtype)
 
   def _mlp(self, x):
     return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
+    if self.mixer is None:
+      return self._mlp(x)
     h = self.mixer_norm(x)
     if self.pre_conv is not None:
       h = self.pre_conv(h, segment_ids=segment_ids)
@@ -88,6 +168,8 @@ class Block(nnx.Module):
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32):
     """The mixer's cache (with ``short_conv``: ``{"mixer": ..., "conv": [B, W-1, D]}``)."""
+    if self.mixer is None:
+      return None
     cache = self.mixer.init_cache(batch, max_len, dtype)
     if self.pre_conv is None:
       return cache
@@ -95,6 +177,8 @@ class Block(nnx.Module):
 
   def decode_step(self, x: Array, cache) -> tuple[Array, Any]:
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
+    if self.mixer is None:
+      return self._mlp(x), cache
     h = self.mixer_norm(x)
     if self.pre_conv is None:
       y, cache = self.mixer.decode_step(h, cache)

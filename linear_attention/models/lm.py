@@ -3,7 +3,8 @@
 A stack is one mixer repeated (``mixer="gla"``) or a hybrid pattern of
 letters (``pattern="RRL"``: Griffin's two recurrent blocks per local
 attention; letters in ``linear_attention.nn.PATTERN_LETTERS``), repeated
-cyclically to ``num_layers``.
+cyclically to ``num_layers``. A model given layer by layer (real checkpoints) passes
+``layers=``: a list of :class:`~linear_attention.models.blocks.LayerSpec`, one per block.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.models.blocks import Block
+from linear_attention.models.blocks import Block, LayerSpec
 from linear_attention.nn import modules
 from linear_attention.nn.mixer import check_positive
 from linear_attention.nn import registry
@@ -90,6 +91,11 @@ class Backbone(nnx.Module):
   using that mixer (e.g. ``{"local": {"window": 128}}``). ``short_conv`` (a width,
   0 for none) puts a depthwise causal convolution before every mixer (see
   :class:`~linear_attention.models.blocks.Block`).
+
+  ``layers`` (a sequence of :class:`~linear_attention.models.blocks.LayerSpec`) gives every
+  block its own mixer, heads, options and MLP instead; ``mixer``, ``pattern``,
+  ``num_layers``, ``num_heads``, ``mlp_ratio``, ``mixer_kwargs`` and ``short_conv`` are then
+  unused and must keep their defaults (``norm_eps`` is the final norm's).
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -97,9 +103,15 @@ class Backbone(nnx.Module):
                num_heads: int = 4, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
-               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               short_conv: int = 0, layers: Sequence[LayerSpec] | None = None,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     check_positive("vocab_size", vocab_size)
     check_positive("d_model", d_model)
+    if layers is not None:
+      self._init_layers(vocab_size, d_model, layers, num_layers=num_layers, pattern=pattern,
+                        mixer_kwargs=mixer_kwargs, short_conv=short_conv, norm_eps=norm_eps,
+                        rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+      return
     names = resolve_pattern(num_layers, mixer, pattern, pattern_letters)
     mixer_kwargs = dict(mixer_kwargs or {})
     unknown = sorted(set(mixer_kwargs) - set(registry.MIXERS))
@@ -115,6 +127,27 @@ class Backbone(nnx.Module):
               mixer_kwargs=mixer_kwargs.get(name), norm_eps=norm_eps, short_conv=short_conv,
               rngs=rngs, dtype=dtype,
               param_dtype=param_dtype) for name in names])
+    self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
+                                  param_dtype=param_dtype, rngs=rngs)
+
+  def _init_layers(self, vocab_size, d_model, layers, *, num_layers, pattern, mixer_kwargs,
+                   short_conv, norm_eps, rngs, dtype, param_dtype):
+    layers = tuple(layers)
+    if not layers or not all(isinstance(s, LayerSpec) for s in layers):
+      raise ValueError(f"layers must be a non-empty sequence of LayerSpec, got "
+                       f"{[type(s).__name__ for s in layers]}.")
+    given = {k: v for k, v in dict(num_layers=num_layers, pattern=pattern,
+                                   mixer_kwargs=mixer_kwargs).items() if v is not None}
+    if short_conv:
+      given["short_conv"] = short_conv
+    if given:
+      raise ValueError(f"layers= describes every block; do not also give {sorted(given)}.")
+    self.mixer_names = tuple(s.mixer for s in layers)
+    self.d_model, self.vocab_size = d_model, vocab_size
+    self.param_dtype = param_dtype
+    self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.blocks = nnx.List([Block.from_spec(d_model, s, rngs=rngs, dtype=dtype,
+                                            param_dtype=param_dtype) for s in layers])
     self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
                                   param_dtype=param_dtype, rngs=rngs)
 
@@ -157,6 +190,8 @@ class LanguageModel(nnx.Module):
     num_heads, mlp_ratio, mixer_kwargs, pattern_letters, short_conv: see
       :class:`Backbone` and :class:`~linear_attention.models.blocks.Block`.
     tie_embeddings: reuse the embedding matrix as the output head.
+    layers: one :class:`~linear_attention.models.blocks.LayerSpec` per block, instead of
+      ``mixer``/``pattern`` and the shared options (see :class:`Backbone`).
 
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
   ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
@@ -168,12 +203,13 @@ class LanguageModel(nnx.Module):
                num_heads: int = 4, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
-               norm_eps: float = 1e-6, short_conv: int = 0, rngs: nnx.Rngs, dtype=None,
+               norm_eps: float = 1e-6, short_conv: int = 0,
+               layers: Sequence[LayerSpec] | None = None, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
-                             short_conv=short_conv, rngs=rngs,
+                             short_conv=short_conv, layers=layers, rngs=rngs,
                              dtype=dtype, param_dtype=param_dtype)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:

@@ -315,6 +315,13 @@ class Mamba2(mixer.Mixer):
   ``[d_inner -> H]``, full rank) as Mamba-1 does, instead of from the layer input;
   ``bc_from_conv=True`` likewise projects ``B, C`` from it (``W_bc silu(conv(x))``; the conv
   then runs over ``x`` only), Mamba-1's layout; both for ablations (issue 30).
+
+  Options of the released checkpoints (transformers' ``Mamba2``, Nemotron-H, Bamba):
+    norm_per_channel: the gated RMSNorm has one weight per channel (``[d_inner]``, normalised
+      per group of ``d_inner / ngroups``) instead of one shared by the groups.
+    dt_limit: ``(low, high)``: ``dt = softplus(dt + dt_bias)`` clamped to it (transformers'
+      ``time_step_limit``), in the forward pass and in decoding alike; ``None``: no clamp.
+    d_inner: the inner width when it is not ``expand * d_model`` (``num_heads * head_dim``).
   """
 
   context_parallel = True
@@ -325,10 +332,22 @@ class Mamba2(mixer.Mixer):
                a_init_range: tuple[float, float] = (1.0, 16.0), chunk_size: int = 64,
                norm_eps: float = 1e-5, norm: bool = True, bc_activation: bool = True,
                dt_from_conv: bool = False, bc_from_conv: bool = False,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               norm_per_channel: bool = False, dt_limit: tuple[float, float] | None = None,
+               d_inner: int | None = None, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     modules.check_decay_init(dt_min=dt_min, dt_max=dt_max, dt_init_floor=dt_init_floor,
                              a_init_range=a_init_range)
-    d_inner = expand * d_model
+    if dt_limit is not None:
+      ok = isinstance(dt_limit, (tuple, list)) and len(dt_limit) == 2
+      if not (ok and 0 <= float(dt_limit[0]) < float(dt_limit[1])):
+        raise ValueError(f"dt_limit must be None or (low, high) with 0 <= low < high, got "
+                         f"{dt_limit!r}.")
+      dt_limit = (float(dt_limit[0]), float(dt_limit[1]))
+    self.dt_limit = dt_limit
+    if d_inner is None:
+      d_inner = expand * d_model
+    else:
+      mixer.check_positive("d_inner", d_inner)
     mixer.check_divisible("d_inner (expand * d_model)", d_inner, "num_heads", num_heads)
     mixer.check_divisible("num_heads", num_heads, "ngroups", ngroups)
     self.num_heads, self.head_dim, self.d_inner = num_heads, d_inner // num_heads, d_inner
@@ -352,6 +371,9 @@ class Mamba2(mixer.Mixer):
     self.D = modules.param(jnp.ones((num_heads,)), param_dtype)
     self.norm = modules.HeadNorm(d_inner // ngroups, eps=norm_eps, rngs=rngs,
                               param_dtype=param_dtype) if norm else None
+    if norm and norm_per_channel:
+      # [G, d_inner / G] broadcasts against the grouped [..., G, d_inner / G] it scales.
+      self.norm.scale = nnx.Param(jnp.ones((ngroups, d_inner // ngroups), param_dtype))
     self.out_proj = modules.dense(d_inner, d_model, **kw)
 
   def _split(self, zxbcdt):
@@ -380,6 +402,12 @@ class Mamba2(mixer.Mixer):
   def _params(self):
     return (-jnp.exp(_f32(self.A_log[...])), _f32(self.D[...]), _f32(self.dt_bias[...]))
 
+  def _dt(self, dt, dt_bias):
+    """``(dt, dt_bias, dt_softplus)`` for ``ssd``: with ``dt_limit``, the clamped step."""
+    if self.dt_limit is None:
+      return dt, dt_bias, True
+    return jnp.clip(jax.nn.softplus(dt + dt_bias), *self.dt_limit), None, False
+
   def _out(self, y, z):
     y = modules.merge_heads(y) * jax.nn.silu(z)
     if self.norm is not None:
@@ -391,7 +419,8 @@ class Mamba2(mixer.Mixer):
     z, xbc, dt = self._split(self.in_proj(x))
     xs, dt, b, c = self._ssd_args(self.conv(xbc, segment_ids), dt)
     a, d, dt_bias = self._params()
-    y = gated_ops.ssd(xs, dt, a, b, c, d, dt_bias=dt_bias, dt_softplus=True,
+    dt, dt_bias, softplus = self._dt(dt, dt_bias)
+    y = gated_ops.ssd(xs, dt, a, b, c, d, dt_bias=dt_bias, dt_softplus=softplus,
                       chunk_size=self.chunk_size, segment_ids=segment_ids, context=cp.context())
     return self._out(y, z)
 
@@ -407,8 +436,9 @@ class Mamba2(mixer.Mixer):
     xbc, conv_state = self.conv.step(xbc, cache["conv"])
     xs, dt, b, c = self._ssd_args(xbc, dt)
     a, d, dt_bias = self._params()
+    dt, dt_bias, softplus = self._dt(dt, dt_bias)
     y, state = gated_ops.ssd_step(cache["state"], xs, dt, a, b, c, d,
-                                  dt_bias=dt_bias, dt_softplus=True)
+                                  dt_bias=dt_bias, dt_softplus=softplus)
     return self._out(y, z), {"conv": conv_state, "state": state}
 
 

@@ -22,6 +22,12 @@ from linear_attention.ops import ssm as ssm_ops
 Array = jax.Array
 
 
+def _rms(x: Array, eps: float) -> Array:
+  """``x / sqrt(mean(x^2) + eps)`` over the last axis, in float32, returned in ``x``'s dtype."""
+  xf = x.astype(jnp.float32)
+  return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
 class Mamba(mixer.Mixer):
   """Mamba-1 block (Gu & Dao 2023).
 
@@ -45,6 +51,9 @@ class Mamba(mixer.Mixer):
     equal_a_init: ``A`` starts as ``scalar_a`` starts (one draw per channel, the same
       values for the same seed) but stays ``[d_inner, N]``, learned per state dimension:
       ``scalar_a``'s initialisation without its sharing.
+
+  Falcon-Mamba: ``bcdt_norm_eps`` (a float) RMS-normalises ``B``, ``C`` and ``dt``'s
+  rank-``dt_rank`` input, without weights, with that epsilon; ``None`` (default) does not.
   """
 
   context_parallel = True
@@ -53,8 +62,12 @@ class Mamba(mixer.Mixer):
                conv_width: int = 4, dt_rank: int | None = None, dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4, a_init_scale: float = 1.0,
                scalar_a: bool = False, dt_from_input: bool = False, equal_a_init: bool = False,
-               chunk_size: int = 64, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               chunk_size: int = 64, bcdt_norm_eps: float | None = None, rngs: nnx.Rngs,
+               dtype=None, param_dtype=jnp.float32):
     del num_heads
+    if bcdt_norm_eps is not None:
+      modules.check_decay_init(bcdt_norm_eps=bcdt_norm_eps)
+    self.bcdt_norm_eps = bcdt_norm_eps
     if scalar_a and equal_a_init:
       raise ValueError("equal_a_init needs scalar_a=False (scalar_a's A is one value per "
                        f"channel already), got scalar_a={scalar_a}, equal_a_init={equal_a_init}.")
@@ -90,8 +103,11 @@ class Mamba(mixer.Mixer):
     """``dt, B, C`` from the conv'd ``x`` (``dt`` from the layer input ``u`` if asked)."""
     dbc = self.x_proj(x)
     r, n = (0 if self.dt_from_input else self.dt_rank), self.d_state
-    dt = self.dt_proj(self.u_proj(u) if self.dt_from_input else dbc[..., :r])
-    return dt, dbc[..., r:r + n], dbc[..., r + n:]
+    dt_in = self.u_proj(u) if self.dt_from_input else dbc[..., :r]
+    b, c = dbc[..., r:r + n], dbc[..., r + n:]
+    if self.bcdt_norm_eps is not None:
+      dt_in, b, c = (_rms(t, self.bcdt_norm_eps) for t in (dt_in, b, c))
+    return self.dt_proj(dt_in), b, c
 
   def _params(self):
     f = jnp.float32

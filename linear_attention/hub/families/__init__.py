@@ -1,0 +1,9 @@
+"""One module per transformers model family; importing this package registers them all.
+
+A new family is a module here that calls ``core.register(core.Family(...))`` at import, and
+one line below (see ``linear_attention.hub``'s docstring).
+"""
+
+from linear_attention.hub.families import mamba  # noqa: F401
+from linear_attention.hub.families import mamba2  # noqa: F401
+from linear_attention.hub.families import nemotron_h  # noqa: F401

@@ -1,0 +1,106 @@
+"""Makes the hub test fixtures with transformers itself (needs torch and transformers).
+
+For every family in :data:`FAMILIES`: a tiny transformers model from a small config, its
+weights randomised (seeded), written by transformers' ``save_pretrained`` in float32, plus
+``expected.npz``: transformers' logits on :data:`PROMPT` and its greedy ``generate`` tokens.
+The main suite tests the loader from these files without torch
+(``tests/hub/test_hub.py``); ``tests/hub/test_hf.py`` calls :func:`make` directly.
+
+    PYTHONPATH=$PWD python tests/hub/make_fixtures.py            # all families
+    PYTHONPATH=$PWD python tests/hub/make_fixtures.py mamba2     # one
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+VOCAB = 64
+# Two rows of 9 tokens: an odd length, not a multiple of any chunk size.
+PROMPT = np.array([[3, 17, 42, 5, 9, 60, 1, 33, 8], [50, 2, 2, 19, 44, 7, 63, 12, 30]], np.int64)
+NEW_TOKENS = 8
+_COMMON = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, pad_token_id=0,
+               bos_token_id=0, eos_token_id=None)
+
+# name -> (transformers config class, its arguments, whether greedy generation is compared).
+# transformers' Mamba-2 decoding step does not apply time_step_limit (its chunked forward
+# does), so the fixture with a binding limit compares logits only.
+FAMILIES = {
+    "mamba": ("MambaConfig", dict(_COMMON, state_size=8, expand=2, conv_kernel=4,
+                                  time_step_rank=4), True),
+    "falcon_mamba": ("FalconMambaConfig", dict(_COMMON, state_size=8, expand=2, conv_kernel=4,
+                                               time_step_rank=4, mixer_rms_eps=1e-6), True),
+    "mamba2": ("Mamba2Config", dict(_COMMON, num_heads=4, head_dim=8, expand=2, state_size=8,
+                                    n_groups=2, conv_kernel=4, chunk_size=4,
+                                    tie_word_embeddings=False), True),
+    "mamba2_dt_limit": ("Mamba2Config", dict(_COMMON, num_heads=4, head_dim=8, expand=2,
+                                             state_size=8, n_groups=2, conv_kernel=4,
+                                             chunk_size=4, tie_word_embeddings=True,
+                                             time_step_limit=(0.02, 0.08)), False),
+    "nemotron_h": ("NemotronHConfig", dict(
+        {k: v for k, v in _COMMON.items() if k != "num_hidden_layers"},
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp",
+                           "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=24,
+        ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=8, n_groups=2, chunk_size=4),
+        True),
+}
+
+
+def build(name: str, seed: int = 0):
+  """A transformers ``*ForCausalLM`` of family ``name`` with random float32 weights."""
+  import torch
+  import transformers
+  cls_name, kwargs, _ = FAMILIES[name]
+  config = getattr(transformers, cls_name)(**kwargs)
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+  with torch.no_grad():
+    # Every weight moved off its initial value (ones, zeros, arange), so that a swapped or
+    # unused tensor shows in the logits.
+    for p in model.parameters():
+      p.add_(0.2 * torch.randn_like(p))
+  return model
+
+
+def logits_and_tokens(model, prompt: np.ndarray = PROMPT, new_tokens: int = NEW_TOKENS,
+                      generate: bool = True):
+  """transformers' float32 logits ``[B, T, V]`` on ``prompt`` and greedy tokens ``[B, T + n]``."""
+  import torch
+  ids = torch.from_numpy(prompt)
+  with torch.no_grad():
+    logits = model(ids).logits.float().numpy()
+    tokens = None
+    if generate:
+      tokens = model.generate(ids, max_new_tokens=new_tokens, do_sample=False,
+                              min_new_tokens=new_tokens).numpy()
+  return logits, tokens
+
+
+def make(name: str, directory: pathlib.Path, seed: int = 0):
+  """Writes family ``name``'s checkpoint and ``expected.npz`` to ``directory``; returns the
+  transformers model."""
+  model = build(name, seed)
+  directory = pathlib.Path(directory)
+  if directory.exists():
+    shutil.rmtree(directory)
+  model.save_pretrained(directory)
+  logits, tokens = logits_and_tokens(model, generate=FAMILIES[name][2])
+  extra = {} if tokens is None else {"tokens": tokens}
+  np.savez(directory / "expected.npz", prompt=PROMPT, logits=logits, **extra)
+  return model
+
+
+def main(names):
+  for name in names or FAMILIES:
+    make(name, FIXTURES / name)
+    size = sum(p.stat().st_size for p in (FIXTURES / name).iterdir())
+    print(f"{name}: {size / 1024:.1f} KB in {FIXTURES / name}")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

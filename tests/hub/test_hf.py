@@ -1,0 +1,58 @@
+"""linear_attention.hub against transformers itself (CI's hf stage; skipped without torch).
+
+For every family of ``make_fixtures.FAMILIES``, a fresh random checkpoint made by
+transformers (another seed than the committed fixtures, a longer prompt): logits within
+1e-4 relative, greedy tokens equal to ``generate``'s, and ``save_pretrained`` loaded back by
+transformers' ``from_pretrained`` giving the same logits (float32 exactly; bfloat16 too).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from linear_attention import hub  # noqa: E402
+from linear_attention.models import generate  # noqa: E402
+from tests.hub import make_fixtures  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+# 3 rows of 37 tokens: past several chunks of every chunked form, not a multiple of any.
+PROMPT = np.random.default_rng(7).integers(0, make_fixtures.VOCAB, (3, 37))
+
+
+def rel_err(a, b) -> float:
+  return float(np.max(np.abs(np.asarray(a, np.float32) - b)) / np.max(np.abs(b)))
+
+
+def hf_logits(model, prompt=PROMPT):
+  with torch.no_grad():
+    return model(torch.from_numpy(prompt)).logits.float().numpy()
+
+
+@pytest.mark.parametrize("name", list(make_fixtures.FAMILIES))
+def test_against_transformers(name, tmp_path):
+  ref = make_fixtures.make(name, tmp_path / "ckpt", seed=1)
+  ref_logits, ref_tokens = make_fixtures.logits_and_tokens(
+      ref, PROMPT, 6, generate=make_fixtures.FAMILIES[name][2])
+  model = hub.from_pretrained(tmp_path / "ckpt")
+  err = rel_err(model(jnp.asarray(PROMPT, jnp.int32)), ref_logits)
+  print(f"{name}: logits rel err {err:.2e}")
+  assert err < 1e-4
+  if ref_tokens is not None:
+    tokens = generate(model, jnp.asarray(PROMPT, jnp.int32), 6, temperature=0)
+    np.testing.assert_array_equal(np.asarray(tokens), ref_tokens)
+
+  hub.save_pretrained(model, tmp_path / "saved")
+  back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").float().eval()
+  assert type(back) is type(ref)
+  np.testing.assert_array_equal(hf_logits(back), ref_logits)
+
+  hub.save_pretrained(model, tmp_path / "saved_bf16", dtype="bfloat16", max_shard_size=8192)
+  back16 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved_bf16")
+  assert next(back16.parameters()).dtype == torch.bfloat16
+  assert rel_err(hf_logits(back16.float().eval()), ref_logits) < 5e-2
