@@ -17,6 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention.nn import modules
+from linear_attention.nn import moe as moe_lib
+from linear_attention.nn import norm as norm_lib
 from linear_attention.nn import registry
 
 Array = jax.Array
@@ -53,8 +55,14 @@ class ReluSquaredMLP(nnx.Module):
     return self.down(jnp.square(jax.nn.relu(self.up(x))))
 
 
-# MLP kinds of a block: name -> class taking (d_model, hidden, rngs=, dtype=, param_dtype=).
-MLPS = {"swiglu": GLUMLP, "relu2": ReluSquaredMLP}
+def _moe(d_model: int, hidden: int, **kwargs) -> moe_lib.MoE:
+  """A mixture of experts of width ``hidden`` per expert (``kwargs``: :class:`~nn.moe.MoE`'s)."""
+  return moe_lib.MoE(d_model, hidden=hidden, **kwargs)
+
+
+# MLP kinds of a block: name -> class taking (d_model, hidden, rngs=, dtype=, param_dtype=,
+# **mlp_kwargs); "moe" needs mlp_kwargs (num_experts, top_k, ...: nn.moe.MoE's options).
+MLPS = {"swiglu": GLUMLP, "relu2": ReluSquaredMLP, "moe": _moe}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +75,12 @@ class LayerSpec:
     num_heads: the mixer's heads.
     mixer_kwargs: the mixer's options, for this layer only.
     mlp: an MLP kind of :data:`MLPS`, or ``None`` for no MLP (Mamba stacks).
-    mlp_hidden: the MLP's hidden width (``> 0`` when ``mlp`` is set).
+    mlp_hidden: the MLP's hidden width (``> 0`` when ``mlp`` is set; an expert's for MoE).
     norm_eps: epsilon of the block's RMSNorms.
+    mlp_kwargs: the MLP's options (``"moe"``: :class:`~linear_attention.nn.moe.MoE`'s).
+    norm_offset: 1 for zero-centred norm scales (``1 + scale``, Qwen3-Next), else 0.
+    post_norm: normalise the mixer's and the MLP's outputs instead of their inputs
+      (``x + RMSNorm(mixer(x))``, OLMo-2/OLMo-Hybrid's attention layers).
   """
   mixer: str | None
   num_heads: int = 1
@@ -76,6 +88,9 @@ class LayerSpec:
   mlp: str | None = None
   mlp_hidden: int = 0
   norm_eps: float = 1e-6
+  mlp_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  norm_offset: float = 0.0
+  post_norm: bool = False
 
   def __post_init__(self):
     if self.mixer is None and self.mlp is None:
@@ -112,6 +127,9 @@ class Block(nnx.Module):
       carried in the decode cache, so decoding still equals the forward pass.
     mlp: the MLP kind (:data:`MLPS`) when there is one.
     hidden: the MLP's hidden width, instead of ``mlp_ratio`` (0: no MLP).
+    mlp_kwargs: the MLP's options (``mlp="moe"``: :class:`~linear_attention.nn.moe.MoE`'s).
+    norm_offset: 1 for zero-centred norm scales (``1 + scale``), else 0.
+    post_norm: ``x + RMSNorm(mixer(x))`` and ``x + RMSNorm(MLP(x))`` (norms after, not before).
 
   ``mixer=None`` makes a block that is only ``x + MLP(RMSNorm(x))`` (its cache is ``None``).
   """
@@ -119,16 +137,26 @@ class Block(nnx.Module):
   def __init__(self, d_model: int, mixer: str | None, num_heads: int, *,
                mlp_ratio: float = 8 / 3, mixer_kwargs: Mapping[str, Any] | None = None,
                norm_eps: float = 1e-6, short_conv: int = 0, mlp: str = "swiglu",
-               hidden: int | None = None, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               hidden: int | None = None, mlp_kwargs: Mapping[str, Any] | None = None,
+               norm_offset: float = 0.0, post_norm: bool = False, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     if short_conv < 0 or short_conv == 1:
       raise ValueError(f"short_conv must be 0 (none) or a width >= 2, got {short_conv}.")
     if mlp not in MLPS:
       raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}.")
     if mixer is None and short_conv:
       raise ValueError(f"short_conv needs a mixer, got mixer=None and short_conv={short_conv}.")
+    if post_norm and short_conv:
+      raise ValueError(f"short_conv reads the normalised input; post_norm=True has none, got "
+                       f"short_conv={short_conv}.")
     self.mixer_name = mixer
-    norm = lambda: nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype, param_dtype=param_dtype,
-                               rngs=rngs)
+    self.post_norm = bool(post_norm)
+    if norm_offset:
+      norm = lambda: norm_lib.RMSNorm(d_model, eps=norm_eps, offset=norm_offset,
+                                      param_dtype=param_dtype)
+    else:
+      norm = lambda: nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype, param_dtype=param_dtype,
+                                 rngs=rngs)
     self.mixer_norm = norm() if mixer is not None else None
     # No activation: a linear mix of the last few tokens, which the mixer's own
     # projections then read (keys from the previous token, values from this one).
@@ -141,8 +169,8 @@ class Block(nnx.Module):
     if mixer is None and not hidden:
       raise ValueError("a block with mixer=None needs an MLP (hidden > 0), got hidden=0.")
     self.mlp_norm = norm() if hidden else None
-    self.mlp = MLPS[mlp](d_model, hidden, rngs=rngs, dtype=dtype,
-                         param_dtype=param_dtype) if hidden else None
+    self.mlp = MLPS[mlp](d_model, hidden, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+                         **dict(mlp_kwargs or {})) if hidden else None
 
   @classmethod
   def from_spec(cls, d_model: int, spec: LayerSpec, *, rngs: nnx.Rngs, dtype=None,
@@ -150,16 +178,23 @@ class Block(nnx.Module):
     """The block of one :class:`LayerSpec`."""
     return cls(d_model, spec.mixer, spec.num_heads, mixer_kwargs=spec.mixer_kwargs,
                norm_eps=spec.norm_eps, mlp=spec.mlp or "swiglu",
-               hidden=spec.mlp_hidden if spec.mlp else 0, rngs=rngs, dtype=dtype,
+               hidden=spec.mlp_hidden if spec.mlp else 0, mlp_kwargs=spec.mlp_kwargs,
+               norm_offset=spec.norm_offset, post_norm=spec.post_norm, rngs=rngs, dtype=dtype,
                param_dtype=param_dtype)
 
   def _mlp(self, x):
-    return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
+    if self.mlp is None:
+      return x
+    if self.post_norm:
+      return x + self.mlp_norm(self.mlp(x))
+    return x + self.mlp(self.mlp_norm(x))
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     if self.mixer is None:
       return self._mlp(x)
+    if self.post_norm:
+      return self._mlp(x + self.mixer_norm(self.mixer(x, segment_ids=segment_ids)))
     h = self.mixer_norm(x)
     if self.pre_conv is not None:
       h = self.pre_conv(h, segment_ids=segment_ids)
@@ -179,6 +214,9 @@ class Block(nnx.Module):
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     if self.mixer is None:
       return self._mlp(x), cache
+    if self.post_norm:
+      y, cache = self.mixer.decode_step(x, cache)
+      return self._mlp(x + self.mixer_norm(y)), cache
     h = self.mixer_norm(x)
     if self.pre_conv is None:
       y, cache = self.mixer.decode_step(h, cache)

@@ -18,6 +18,7 @@ from flax import nnx
 
 from linear_attention.models.blocks import Block, LayerSpec
 from linear_attention.nn import modules
+from linear_attention.nn import norm as norm_lib
 from linear_attention.nn.mixer import check_positive
 from linear_attention.nn import registry
 
@@ -95,7 +96,8 @@ class Backbone(nnx.Module):
   ``layers`` (a sequence of :class:`~linear_attention.models.blocks.LayerSpec`) gives every
   block its own mixer, heads, options and MLP instead; ``mixer``, ``pattern``,
   ``num_layers``, ``num_heads``, ``mlp_ratio``, ``mixer_kwargs`` and ``short_conv`` are then
-  unused and must keep their defaults (``norm_eps`` is the final norm's).
+  unused and must keep their defaults (``norm_eps`` is the final norm's, ``norm_offset``
+  its zero-centred scale: 1 for ``1 + scale``, as the blocks' ``LayerSpec.norm_offset``).
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -104,14 +106,17 @@ class Backbone(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, layers: Sequence[LayerSpec] | None = None,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               norm_offset: float = 0.0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     check_positive("vocab_size", vocab_size)
     check_positive("d_model", d_model)
     if layers is not None:
       self._init_layers(vocab_size, d_model, layers, num_layers=num_layers, pattern=pattern,
                         mixer_kwargs=mixer_kwargs, short_conv=short_conv, norm_eps=norm_eps,
-                        rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+                        norm_offset=norm_offset, rngs=rngs, dtype=dtype,
+                        param_dtype=param_dtype)
       return
+    if norm_offset:
+      raise ValueError(f"norm_offset applies to models given by layers=, got {norm_offset!r}.")
     names = resolve_pattern(num_layers, mixer, pattern, pattern_letters)
     mixer_kwargs = dict(mixer_kwargs or {})
     unknown = sorted(set(mixer_kwargs) - set(registry.MIXERS))
@@ -131,7 +136,7 @@ class Backbone(nnx.Module):
                                   param_dtype=param_dtype, rngs=rngs)
 
   def _init_layers(self, vocab_size, d_model, layers, *, num_layers, pattern, mixer_kwargs,
-                   short_conv, norm_eps, rngs, dtype, param_dtype):
+                   short_conv, norm_eps, norm_offset, rngs, dtype, param_dtype):
     layers = tuple(layers)
     if not layers or not all(isinstance(s, LayerSpec) for s in layers):
       raise ValueError(f"layers must be a non-empty sequence of LayerSpec, got "
@@ -148,8 +153,10 @@ class Backbone(nnx.Module):
     self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.blocks = nnx.List([Block.from_spec(d_model, s, rngs=rngs, dtype=dtype,
                                             param_dtype=param_dtype) for s in layers])
-    self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
-                                  param_dtype=param_dtype, rngs=rngs)
+    self.final_norm = (norm_lib.RMSNorm(d_model, eps=norm_eps, offset=norm_offset,
+                                        param_dtype=param_dtype) if norm_offset else
+                       nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
+                                   param_dtype=param_dtype, rngs=rngs))
 
   def run(self, x: Array, segment_ids: Array | None = None) -> Array:
     """Embedded ``x [B, T, D]`` through the blocks and the final norm."""
@@ -192,6 +199,7 @@ class LanguageModel(nnx.Module):
     tie_embeddings: reuse the embedding matrix as the output head.
     layers: one :class:`~linear_attention.models.blocks.LayerSpec` per block, instead of
       ``mixer``/``pattern`` and the shared options (see :class:`Backbone`).
+    norm_offset: with ``layers``, 1 for a zero-centred final norm scale (``1 + scale``).
 
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
   ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
@@ -204,12 +212,13 @@ class LanguageModel(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
                norm_eps: float = 1e-6, short_conv: int = 0,
-               layers: Sequence[LayerSpec] | None = None, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               layers: Sequence[LayerSpec] | None = None, norm_offset: float = 0.0,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
-                             short_conv=short_conv, layers=layers, rngs=rngs,
+                             short_conv=short_conv, layers=layers, norm_offset=norm_offset,
+                             rngs=rngs,
                              dtype=dtype, param_dtype=param_dtype)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:

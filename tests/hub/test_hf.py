@@ -55,4 +55,7 @@ def test_against_transformers(name, tmp_path):
   hub.save_pretrained(model, tmp_path / "saved_bf16", dtype="bfloat16", max_shard_size=8192)
   back16 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved_bf16")
   assert next(back16.parameters()).dtype == torch.bfloat16
-  assert rel_err(hf_logits(back16.float().eval()), ref_logits) < 5e-2
+  # The same bfloat16 weights on both sides (an MoE's routing flips under rounding, so the
+  # float32 logits are no reference for it).
+  ours16 = hub.from_pretrained(tmp_path / "saved_bf16", dtype="float32")
+  assert rel_err(ours16(jnp.asarray(PROMPT, jnp.int32)), hf_logits(back16.float().eval())) < 1e-4

@@ -7,3 +7,4 @@ one line below (see ``linear_attention.hub``'s docstring).
 from linear_attention.hub.families import mamba  # noqa: F401
 from linear_attention.hub.families import mamba2  # noqa: F401
 from linear_attention.hub.families import nemotron_h  # noqa: F401
+from linear_attention.hub.families import qwen3_next  # noqa: F401
