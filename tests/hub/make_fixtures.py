@@ -55,6 +55,16 @@ FAMILIES = {
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=4,
         linear_value_head_dim=6, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
         shared_expert_intermediate_size=12, intermediate_size=24), True),
+    "olmo_hybrid": ("OlmoHybridConfig", dict(
+        _COMMON, num_hidden_layers=3, layer_types=["linear_attention", "full_attention",
+                                                   "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, intermediate_size=24,
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=4,
+        linear_value_head_dim=6, rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        True),
+    "olmo_hybrid_nope": ("OlmoHybridConfig", dict(
+        _COMMON, layer_types=["full_attention", "linear_attention"], num_attention_heads=2,
+        intermediate_size=24, linear_allow_neg_eigval=False, rope_parameters=None), True),
 }
 
 

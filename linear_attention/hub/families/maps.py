@@ -24,14 +24,21 @@ def linears(names: Sequence[str], path: Path, widths: Sequence[int]) -> core.Ten
                      lambda v: [p.T for p in np.split(v, cuts, axis=1)])
 
 
-def convs(names: Sequence[str], path: Path, widths: Sequence[int]) -> core.Tensor:
+def convs(names: Sequence[str], path: Path) -> core.Tensor:
   """Depthwise torch ``Conv1d`` weights ``[C_i, 1, W]`` side by side in one
-  ``ShortConv.weight [W, sum C_i]`` (separate q, k and v convolutions)."""
-  names, widths = tuple(names), tuple(widths)
-  cuts = np.cumsum(widths)[:-1]
+  ``ShortConv.weight [W, sum C_i]`` (separate q, k and v convolutions).
+
+  Written back as transformers 5 writes them: the channels cut into ``len(names)`` chunks of
+  ``ceil(C / n)`` (``torch.chunk``), which are not the q/k/v widths when these differ;
+  transformers (and the loading here) concatenates them, so either layout loads."""
+  names = tuple(names)
+
+  def cuts(c):
+    size = -(-c // len(names))
+    return [size * i for i in range(1, len(names)) if size * i < c]
   return core.Tensor(tuple(path), names,
                      lambda a: np.concatenate([x[:, 0, :].T for x in a], axis=1),
-                     lambda v: [p.T[:, None, :] for p in np.split(v, cuts, axis=1)])
+                     lambda v: [p.T[:, None, :] for p in np.split(v, cuts(v.shape[1]), axis=1)])
 
 
 def rows(name: str, paths: Sequence[Path], groups: int, parts: Sequence[int],
