@@ -65,7 +65,8 @@ Building blocks:
   :func:`~core.linear` (torch ``[out, in]`` -> kernel ``[in, out]``), :func:`~core.linears`
   (several projections fused into one kernel), :func:`~core.conv1d` (depthwise
   ``[C, 1, W]`` -> ``[W, C]``), :func:`~core.reshaped`, or a :class:`~core.Tensor` with
-  your own ``load``/``save``; :class:`~core.Alias` for an optional duplicate (a tied
+  your own ``load``/``save``; :class:`~core.Split` for one checkpoint tensor that several
+  parameters share (a fused projection); :class:`~core.Alias` for an optional duplicate (a tied
   ``lm_head.weight``). ``core.check_coverage`` verifies the map against the model at load
   and save.
 - tests: add the family to ``tests/hub/make_fixtures.py`` (a tiny transformers config),
@@ -74,8 +75,8 @@ Building blocks:
   against transformers itself).
 """
 
-from linear_attention.hub.core import FAMILIES, Alias, Family, Tensor, register
+from linear_attention.hub.core import FAMILIES, Alias, Family, Split, Tensor, register
 from linear_attention.hub.loader import family_of, from_pretrained, save_pretrained, supported
 
-__all__ = ["FAMILIES", "Alias", "Family", "Tensor", "family_of", "from_pretrained", "register",
+__all__ = ["FAMILIES", "Alias", "Family", "Split", "Tensor", "family_of", "from_pretrained", "register",
            "save_pretrained", "supported"]

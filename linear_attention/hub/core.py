@@ -41,6 +41,24 @@ class Alias:
   of: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """One checkpoint tensor made of several model parameters: a fused projection that the
+  model keeps as separate layers (Qwen3-Next's ``in_proj_qkvz``: the q/k/v projection and the
+  output gate's).
+
+  Attributes:
+    paths: the parameters' paths in ``nnx.state(model)``.
+    name: the checkpoint tensor.
+    load: the checkpoint array -> the parameters' values (NumPy), in ``paths`` order.
+    save: the parameters' values, in ``paths`` order -> the checkpoint array.
+  """
+  paths: tuple[Path, ...]
+  name: str
+  load: Callable[[np.ndarray], list[np.ndarray]]
+  save: Callable[[list[np.ndarray]], np.ndarray]
+
+
 def same(name: str, path: Path) -> Tensor:
   """A tensor stored as the parameter is (norm weights, ``A_log``, biases, embeddings)."""
   return Tensor(tuple(path), (name,), lambda a: a[0], lambda v: [v])
@@ -120,7 +138,8 @@ def check_coverage(entries: Sequence, variables: Mapping[Path, Any],
   is not a parameter, every tensor the checkpoint lacks and every checkpoint tensor left
   unused (``names``: the checkpoint's tensors; ``None`` skips the checkpoint checks)."""
   tensors = [e for e in entries if isinstance(e, Tensor)]
-  paths = [t.path for t in tensors]
+  splits = [e for e in entries if isinstance(e, Split)]
+  paths = [t.path for t in tensors] + [p for s in splits for p in s.paths]
   problems = []
   dup = {p for p in paths if paths.count(p) > 1}
   if dup:
@@ -134,7 +153,7 @@ def check_coverage(entries: Sequence, variables: Mapping[Path, Any],
     problems.append(f"weight-map paths that are not model parameters: "
                     f"{_format_list('/'.join(map(str, p)) for p in unknown)}")
   if names is not None:
-    wanted = {n for t in tensors for n in t.names}
+    wanted = {n for t in tensors for n in t.names} | {s.name for s in splits}
     missing = wanted - names
     if missing:
       problems.append(f"tensors missing from the checkpoint: {_format_list(missing)}")

@@ -14,7 +14,8 @@ from flax import nnx
 
 from linear_attention.hub import checkpoint
 from linear_attention.hub import families  # noqa: F401  (registers every family)
-from linear_attention.hub.core import FAMILIES, Alias, Family, Path, Tensor, check_coverage
+from linear_attention.hub.core import (FAMILIES, Alias, Family, Path, Split, Tensor,
+                                       check_coverage)
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
@@ -94,15 +95,19 @@ def from_pretrained(path, *, dtype=None) -> nnx.Module:
         if e.name in files and not np.array_equal(reader.get(e.name), reader.get(e.of)):
           bad_shapes.append(f"{e.name} (must equal {e.of}: the config ties them)")
         continue
-      var = variables[e.path]
-      # Contiguous before the read buffer is dropped: at most two host copies of one tensor.
-      value = np.ascontiguousarray(e.load([reader.get(n) for n in e.names]))
-      if tuple(value.shape) != tuple(var.shape):
-        bad_shapes.append(f"{' + '.join(e.names)}: checkpoint gives {tuple(value.shape)}, "
-                          f"the parameter {'/'.join(map(str, e.path))} is {tuple(var.shape)}")
-        continue
-      var.set_value(jnp.asarray(value, dtype=jdtype))
-      del value
+      if isinstance(e, Split):
+        values, paths, names = e.load(reader.get(e.name)), e.paths, (e.name,)
+      else:
+        values, paths, names = [e.load([reader.get(n) for n in e.names])], (e.path,), e.names
+      for p, value in zip(paths, values):
+        # Contiguous before the read buffer is dropped: at most two host copies of one tensor.
+        var, value = variables[p], np.ascontiguousarray(value)
+        if tuple(value.shape) != tuple(var.shape):
+          bad_shapes.append(f"{' + '.join(names)}: checkpoint gives {tuple(value.shape)}, "
+                            f"the parameter {'/'.join(map(str, p))} is {tuple(var.shape)}")
+          continue
+        var.set_value(jnp.asarray(value, dtype=jdtype))
+      del values
     if bad_shapes:
       raise ValueError("checkpoint tensors with the wrong shape or value:\n  "
                        + "\n  ".join(bad_shapes))
@@ -142,25 +147,32 @@ def save_pretrained(model: nnx.Module, path, *, config: Mapping[str, Any] | None
   entries = family.tensors(config)
   variables = _variables(model)
   check_coverage(entries, variables, None)
-  tensors = [e for e in entries if isinstance(e, Tensor)]
+  tensors = [e for e in entries if isinstance(e, (Tensor, Split))]
+  paths_of = lambda t: t.paths if isinstance(t, Split) else (t.path,)
   stored = {}
-  for t in tensors:
-    v = variables[t.path]
+  for p in (p for t in tensors for p in paths_of(t)):
+    v = variables[p]
     d = dtype or np.dtype(v.dtype)
     if d not in checkpoint.DTYPE_NAMES:
-      raise ValueError(f"parameter {'/'.join(map(str, t.path))} has dtype {v.dtype}; pass "
+      raise ValueError(f"parameter {'/'.join(map(str, p))} has dtype {v.dtype}; pass "
                        f"dtype= one of {sorted(checkpoint.DTYPE_NAMES.values())}.")
-    stored[t.path] = d
+    stored[p] = d
   sizes = {}
   for t in tensors:
-    n = int(np.prod(variables[t.path].shape)) * stored[t.path].itemsize
-    for name in t.names:
-      sizes[name] = n // len(t.names)
+    n = sum(int(np.prod(variables[p].shape)) * stored[p].itemsize for p in paths_of(t))
+    names = (t.name,) if isinstance(t, Split) else t.names
+    for name in names:
+      sizes[name] = n // len(names)
+
+  def value(p):
+    return np.asarray(jax.device_get(variables[p][...])).astype(stored[p])
 
   def arrays():
     for t in tensors:
-      value = np.asarray(jax.device_get(variables[t.path][...])).astype(stored[t.path])
-      for name, a in zip(t.names, t.save(value)):
+      if isinstance(t, Split):
+        yield t.name, t.save([value(p) for p in t.paths])
+        continue
+      for name, a in zip(t.names, t.save(value(t.path))):
         yield name, a
 
   directory = pathlib.Path(os.fspath(path)).expanduser()

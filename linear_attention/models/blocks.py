@@ -18,11 +18,28 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention.nn import modules
-from linear_attention.nn.mlp import GLUMLP, MLP
+from linear_attention.nn import moe as moe_lib
+from linear_attention.nn.mlp import MLP
 from linear_attention.nn import norm as norm_lib
 from linear_attention.nn import registry
 
 Array = jax.Array
+
+
+class GLUMLP(nnx.Module):
+  """Gated MLP ``W_down(silu(W_gate x) * W_up x)`` (SwiGLU), hidden width ``hidden``."""
+
+  def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.hidden = hidden
+    self.up = modules.dense(d_model, 2 * hidden, **kw)  # gate and up, one matmul
+    self.down = modules.dense(hidden, d_model, **kw)
+
+  def __call__(self, x: Array) -> Array:
+    """``[..., D] -> [..., D]``."""
+    gu = self.up(x)
+    return self.down(jax.nn.silu(gu[..., :self.hidden]) * gu[..., self.hidden:])
 
 
 class ReluSquaredMLP(nnx.Module):
@@ -40,9 +57,15 @@ class ReluSquaredMLP(nnx.Module):
     return self.down(jnp.square(jax.nn.relu(self.up(x))))
 
 
-# MLP kinds of a block: name -> class taking (d_model, hidden, rngs=, dtype=, param_dtype=).
+def _moe(d_model: int, hidden: int, **kwargs) -> moe_lib.MoE:
+  """A mixture of experts of width ``hidden`` per expert (``kwargs``: :class:`~nn.moe.MoE`'s)."""
+  return moe_lib.MoE(d_model, hidden=hidden, **kwargs)
+
+
+# MLP kinds of a block: name -> class taking (d_model, hidden, rngs=, dtype=, param_dtype=,
+# **mlp_kwargs); "moe" needs mlp_kwargs (num_experts, top_k, ...: nn.moe.MoE's options);
 # "geglu_bias": GeGLU (tanh GELU) with biases on its three projections (RecurrentGemma).
-MLPS = {"swiglu": GLUMLP, "relu2": ReluSquaredMLP,
+MLPS = {"swiglu": GLUMLP, "relu2": ReluSquaredMLP, "moe": _moe,
         "geglu_bias": functools.partial(MLP, activation="gelu_tanh", gated=True, use_bias=True)}
 
 
@@ -56,10 +79,12 @@ class LayerSpec:
     num_heads: the mixer's heads.
     mixer_kwargs: the mixer's options, for this layer only.
     mlp: an MLP kind of :data:`MLPS`, or ``None`` for no MLP (Mamba stacks).
-    mlp_hidden: the MLP's hidden width (``> 0`` when ``mlp`` is set).
+    mlp_hidden: the MLP's hidden width (``> 0`` when ``mlp`` is set; an expert's for MoE).
     norm_eps: epsilon of the block's RMSNorms.
-    norm_offset: the block's RMSNorms multiply by ``norm_offset + scale``: 0, or 1 for the
-      zero-centred scale of Gemma (see :func:`make_norm`).
+    mlp_kwargs: the MLP's options (``"moe"``: :class:`~linear_attention.nn.moe.MoE`'s).
+    norm_offset: 1 for zero-centred norm scales (``1 + scale``, Gemma, Qwen3-Next), else 0.
+    post_norm: normalise the mixer's and the MLP's outputs instead of their inputs
+      (``x + RMSNorm(mixer(x))``, OLMo-2/OLMo-Hybrid's attention layers).
     residual_scale: multiplies the mixer's and the MLP's outputs before each residual add
       (Granite's ``residual_multiplier``).
   """
@@ -69,7 +94,9 @@ class LayerSpec:
   mlp: str | None = None
   mlp_hidden: int = 0
   norm_eps: float = 1e-6
+  mlp_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   norm_offset: float = 0.0
+  post_norm: bool = False
   residual_scale: float = 1.0
 
   def __post_init__(self):
@@ -83,17 +110,6 @@ class LayerSpec:
     if self.mlp is not None and not (isinstance(self.mlp_hidden, int) and self.mlp_hidden > 0):
       raise ValueError(f"LayerSpec mlp_hidden must be an int > 0 with mlp={self.mlp!r}, got "
                        f"{self.mlp_hidden!r}.")
-
-
-def make_norm(d_model: int, eps: float, offset: float = 0.0, *, rngs: nnx.Rngs, dtype=None,
-              param_dtype=jnp.float32) -> nnx.Module:
-  """A block's or the final RMSNorm over ``d_model``: ``nnx.RMSNorm`` for ``offset=0``;
-  for ``offset=1`` (Gemma's ``1 + scale``, the scale stored zero-centred so that a
-  checkpoint's weight round-trips exactly) :class:`~linear_attention.nn.norm.RMSNorm`.
-  Either way the parameter is ``scale [d_model]``."""
-  if offset == 0:
-    return nnx.RMSNorm(d_model, epsilon=eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-  return norm_lib.RMSNorm(d_model, eps=eps, offset=offset, param_dtype=param_dtype)
 
 
 def mlp_hidden(d_model: int, mlp_ratio: float) -> int:
@@ -118,7 +134,9 @@ class Block(nnx.Module):
       carried in the decode cache, so decoding still equals the forward pass.
     mlp: the MLP kind (:data:`MLPS`) when there is one.
     hidden: the MLP's hidden width, instead of ``mlp_ratio`` (0: no MLP).
-    norm_offset: 0, or 1 for zero-centred norm scales (see :func:`make_norm`).
+    mlp_kwargs: the MLP's options (``mlp="moe"``: :class:`~linear_attention.nn.moe.MoE`'s).
+    norm_offset: 1 for zero-centred norm scales (``1 + scale``), else 0.
+    post_norm: ``x + RMSNorm(mixer(x))`` and ``x + RMSNorm(MLP(x))`` (norms after, not before).
     residual_scale: multiplies the mixer's and the MLP's outputs before the residual adds.
 
   ``mixer=None`` makes a block that is only ``x + MLP(RMSNorm(x))`` (its cache is ``None``).
@@ -127,7 +145,8 @@ class Block(nnx.Module):
   def __init__(self, d_model: int, mixer: str | None, num_heads: int, *,
                mlp_ratio: float = 8 / 3, mixer_kwargs: Mapping[str, Any] | None = None,
                norm_eps: float = 1e-6, short_conv: int = 0, mlp: str = "swiglu",
-               hidden: int | None = None, norm_offset: float = 0.0,
+               hidden: int | None = None, mlp_kwargs: Mapping[str, Any] | None = None,
+               norm_offset: float = 0.0, post_norm: bool = False,
                residual_scale: float = 1.0, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
     if short_conv < 0 or short_conv == 1:
@@ -136,12 +155,20 @@ class Block(nnx.Module):
       raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}.")
     if mixer is None and short_conv:
       raise ValueError(f"short_conv needs a mixer, got mixer=None and short_conv={short_conv}.")
+    if post_norm and short_conv:
+      raise ValueError(f"short_conv reads the normalised input; post_norm=True has none, got "
+                       f"short_conv={short_conv}.")
     if isinstance(residual_scale, bool) or not isinstance(residual_scale, (int, float)):
       raise ValueError(f"residual_scale must be a number, got {residual_scale!r}.")
     self.residual_scale = float(residual_scale)
     self.mixer_name = mixer
-    norm = lambda: make_norm(d_model, norm_eps, norm_offset, rngs=rngs, dtype=dtype,
-                             param_dtype=param_dtype)
+    self.post_norm = bool(post_norm)
+    if norm_offset:
+      norm = lambda: norm_lib.RMSNorm(d_model, eps=norm_eps, offset=norm_offset,
+                                      param_dtype=param_dtype)
+    else:
+      norm = lambda: nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype, param_dtype=param_dtype,
+                                 rngs=rngs)
     self.mixer_norm = norm() if mixer is not None else None
     # No activation: a linear mix of the last few tokens, which the mixer's own
     # projections then read (keys from the previous token, values from this one).
@@ -154,8 +181,8 @@ class Block(nnx.Module):
     if mixer is None and not hidden:
       raise ValueError("a block with mixer=None needs an MLP (hidden > 0), got hidden=0.")
     self.mlp_norm = norm() if hidden else None
-    self.mlp = MLPS[mlp](d_model, hidden, rngs=rngs, dtype=dtype,
-                         param_dtype=param_dtype) if hidden else None
+    self.mlp = MLPS[mlp](d_model, hidden, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+                         **dict(mlp_kwargs or {})) if hidden else None
 
   @classmethod
   def from_spec(cls, d_model: int, spec: LayerSpec, *, rngs: nnx.Rngs, dtype=None,
@@ -163,7 +190,8 @@ class Block(nnx.Module):
     """The block of one :class:`LayerSpec`."""
     return cls(d_model, spec.mixer, spec.num_heads, mixer_kwargs=spec.mixer_kwargs,
                norm_eps=spec.norm_eps, mlp=spec.mlp or "swiglu",
-               hidden=spec.mlp_hidden if spec.mlp else 0, norm_offset=spec.norm_offset,
+               hidden=spec.mlp_hidden if spec.mlp else 0, mlp_kwargs=spec.mlp_kwargs,
+               norm_offset=spec.norm_offset, post_norm=spec.post_norm,
                residual_scale=spec.residual_scale, rngs=rngs, dtype=dtype,
                param_dtype=param_dtype)
 
@@ -171,12 +199,18 @@ class Block(nnx.Module):
     return y if self.residual_scale == 1.0 else y * self.residual_scale
 
   def _mlp(self, x):
-    return x if self.mlp is None else x + self._scaled(self.mlp(self.mlp_norm(x)))
+    if self.mlp is None:
+      return x
+    if self.post_norm:
+      return x + self._scaled(self.mlp_norm(self.mlp(x)))
+    return x + self._scaled(self.mlp(self.mlp_norm(x)))
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     if self.mixer is None:
       return self._mlp(x)
+    if self.post_norm:
+      return self._mlp(x + self._scaled(self.mixer_norm(self.mixer(x, segment_ids=segment_ids))))
     h = self.mixer_norm(x)
     if self.pre_conv is not None:
       h = self.pre_conv(h, segment_ids=segment_ids)
@@ -196,6 +230,9 @@ class Block(nnx.Module):
     """``x [B, D]`` -> ``(y [B, D], cache)``."""
     if self.mixer is None:
       return self._mlp(x), cache
+    if self.post_norm:
+      y, cache = self.mixer.decode_step(x, cache)
+      return self._mlp(x + self._scaled(self.mixer_norm(y))), cache
     h = self.mixer_norm(x)
     if self.pre_conv is None:
       y, cache = self.mixer.decode_step(h, cache)

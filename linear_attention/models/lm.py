@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.models.blocks import Block, LayerSpec, make_norm
+from linear_attention.models.blocks import Block, LayerSpec
 from linear_attention.nn import modules
+from linear_attention.nn import norm as norm_lib
 from linear_attention.nn.mixer import check_positive
 from linear_attention.nn import registry
 
@@ -101,12 +102,11 @@ class Backbone(nnx.Module):
   ``layers`` (a sequence of :class:`~linear_attention.models.blocks.LayerSpec`) gives every
   block its own mixer, heads, options and MLP instead; ``mixer``, ``pattern``,
   ``num_layers``, ``num_heads``, ``mlp_ratio``, ``mixer_kwargs`` and ``short_conv`` are then
-  unused and must keep their defaults (``norm_eps`` is the final norm's).
+  unused and must keep their defaults (``norm_eps`` is the final norm's, ``norm_offset``
+  its zero-centred scale: 1 for ``1 + scale``, as the blocks' ``LayerSpec.norm_offset``).
 
   ``embed_scale`` multiplies the token embeddings (Granite's ``embedding_multiplier``,
-  Gemma's ``sqrt(D)``). ``norm_offset=1`` makes the norms' scales zero-centred (Gemma's
-  ``1 + scale``; with ``layers=`` the final norm's only, the blocks' come from their
-  ``LayerSpec``).
+  Gemma's ``sqrt(D)``).
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -120,12 +120,14 @@ class Backbone(nnx.Module):
     check_positive("vocab_size", vocab_size)
     check_positive("d_model", d_model)
     self.embed_scale = _check_scale("embed_scale", embed_scale)
-    self.norm_offset = norm_offset
     if layers is not None:
       self._init_layers(vocab_size, d_model, layers, num_layers=num_layers, pattern=pattern,
                         mixer_kwargs=mixer_kwargs, short_conv=short_conv, norm_eps=norm_eps,
-                        rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+                        norm_offset=norm_offset, rngs=rngs, dtype=dtype,
+                        param_dtype=param_dtype)
       return
+    if norm_offset:
+      raise ValueError(f"norm_offset applies to models given by layers=, got {norm_offset!r}.")
     names = resolve_pattern(num_layers, mixer, pattern, pattern_letters)
     mixer_kwargs = dict(mixer_kwargs or {})
     unknown = sorted(set(mixer_kwargs) - set(registry.MIXERS))
@@ -139,13 +141,13 @@ class Backbone(nnx.Module):
     self.blocks = nnx.List([
         Block(d_model, name, num_heads, mlp_ratio=mlp_ratio,
               mixer_kwargs=mixer_kwargs.get(name), norm_eps=norm_eps, short_conv=short_conv,
-              norm_offset=norm_offset, rngs=rngs, dtype=dtype,
+              rngs=rngs, dtype=dtype,
               param_dtype=param_dtype) for name in names])
-    self.final_norm = make_norm(d_model, norm_eps, self.norm_offset, rngs=rngs, dtype=dtype,
-                                param_dtype=param_dtype)
+    self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
+                                  param_dtype=param_dtype, rngs=rngs)
 
   def _init_layers(self, vocab_size, d_model, layers, *, num_layers, pattern, mixer_kwargs,
-                   short_conv, norm_eps, rngs, dtype, param_dtype):
+                   short_conv, norm_eps, norm_offset, rngs, dtype, param_dtype):
     layers = tuple(layers)
     if not layers or not all(isinstance(s, LayerSpec) for s in layers):
       raise ValueError(f"layers must be a non-empty sequence of LayerSpec, got "
@@ -162,8 +164,10 @@ class Backbone(nnx.Module):
     self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.blocks = nnx.List([Block.from_spec(d_model, s, rngs=rngs, dtype=dtype,
                                             param_dtype=param_dtype) for s in layers])
-    self.final_norm = make_norm(d_model, norm_eps, self.norm_offset, rngs=rngs, dtype=dtype,
-                                param_dtype=param_dtype)
+    self.final_norm = (norm_lib.RMSNorm(d_model, eps=norm_eps, offset=norm_offset,
+                                        param_dtype=param_dtype) if norm_offset else
+                       nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
+                                   param_dtype=param_dtype, rngs=rngs))
 
   def run(self, x: Array, segment_ids: Array | None = None) -> Array:
     """Embedded ``x [B, T, D]`` through the blocks and the final norm."""

@@ -57,11 +57,3 @@ class MLP(nnx.Module):
     h = act(h[..., :self.hidden]) * h[..., self.hidden:] if self.gated else act(h)
     return self.down(h)
 
-
-class GLUMLP(MLP):
-  """SwiGLU ``W_down(silu(W_gate x) * W_up x)`` of hidden width ``hidden`` (the blocks' MLP)."""
-
-  def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
-    super().__init__(d_model, hidden, activation="silu", gated=True, rngs=rngs, dtype=dtype,
-                     param_dtype=param_dtype)

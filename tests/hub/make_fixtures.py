@@ -80,6 +80,23 @@ FAMILIES = {
     # qk and v widths multiples of 64: transformers' xLSTM cache rounds them up to 64.
     "xlstm": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0, v_dim_factor=4.0,
                                   chunk_size=4, tie_word_embeddings=False), True),
+    "qwen3_next": ("Qwen3NextConfig", dict(
+        _COMMON, num_hidden_layers=4, layer_types=["linear_attention", "full_attention",
+                                                   "linear_attention", "full_attention"],
+        mlp_only_layers=[2], num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=4,
+        linear_value_head_dim=6, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+        shared_expert_intermediate_size=12, intermediate_size=24), True),
+    "olmo_hybrid": ("OlmoHybridConfig", dict(
+        _COMMON, num_hidden_layers=3, layer_types=["linear_attention", "full_attention",
+                                                   "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, intermediate_size=24,
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=4,
+        linear_value_head_dim=6, rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        True),
+    "olmo_hybrid_nope": ("OlmoHybridConfig", dict(
+        _COMMON, layer_types=["full_attention", "linear_attention"], num_attention_heads=2,
+        intermediate_size=24, linear_allow_neg_eigval=False, rope_parameters=None), True),
 }
 
 
@@ -96,6 +113,9 @@ def build(name: str, seed: int = 0):
     # unused tensor shows in the logits.
     for p in model.parameters():
       p.add_(0.2 * torch.randn_like(p))
+    for n, b in model.named_buffers():  # the MoE routers' load-balancing biases
+      if n.endswith("e_score_correction_bias"):
+        b.add_(0.1 * torch.randn_like(b))
   return model
 
 
@@ -108,7 +128,8 @@ def logits_and_tokens(model, prompt: np.ndarray = PROMPT, new_tokens: int = NEW_
     logits = model(ids).logits.float().numpy()
     tokens = None
     if generate:
-      # An explicit all-ones mask: without it generate() takes token pad_token_id for padding.
+      # An explicit all-ones mask: without one, generate takes every pad_token_id (0) in
+      # the prompt for padding and masks it out.
       tokens = model.generate(ids, attention_mask=torch.ones_like(ids),
                               max_new_tokens=new_tokens, do_sample=False,
                               min_new_tokens=new_tokens).numpy()

@@ -104,7 +104,7 @@ def test_bfloat16_params_float32_state(name):
   # Recurrent states stay float32 (complex64 for S4D); only KV caches take the bf16 dtype.
   for path, leaf in jax.tree_util.tree_leaves_with_path(cache):
     key = path[-1].key
-    if key in ("k", "v"):
+    if key in ("k", "v", "latent", "k_rope"):  # attention caches (MLA's: its latents)
       assert leaf.dtype == jnp.bfloat16, path
     elif key not in ("pos", "limit", "overflow"):  # counters and the overflow flag
       assert leaf.dtype in (jnp.float32, jnp.complex64), (path, leaf.dtype)

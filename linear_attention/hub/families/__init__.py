@@ -12,3 +12,5 @@ from linear_attention.hub.families import lfm2  # noqa: F401
 from linear_attention.hub.families import nemotron_h  # noqa: F401
 from linear_attention.hub.families import granitemoehybrid  # noqa: F401
 from linear_attention.hub.families import bamba  # noqa: F401
+from linear_attention.hub.families import qwen3_next  # noqa: F401
+from linear_attention.hub.families import olmo_hybrid  # noqa: F401
