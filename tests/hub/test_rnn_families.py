@@ -24,7 +24,7 @@ def _fixture_with(name, tmp_path, **changes):
 
 
 @pytest.mark.parametrize("name, changes, match", [
-    ("xlstm", dict(weight_mode="fused"), r"weight_mode='fused' is not supported"),
+    ("xlstm", dict(weight_mode="packed"), r"weight_mode=.packed. is not supported"),
     ("xlstm", dict(add_out_norm=False), r"add_out_norm=False is not supported"),
     ("recurrent_gemma", dict(hidden_activation="relu"), r"hidden_activation='relu' is not"),
     ("recurrent_gemma", dict(block_types=["recurrent", "mlp"]), r"block_types holds \['mlp'\]"),
@@ -55,3 +55,31 @@ def test_conventions_are_load_bearing(name, changes, tmp_path):
   d = _fixture_with(name, tmp_path, **changes)
   logits = hub.from_pretrained(d)(jnp.asarray(e["prompt"], jnp.int32))
   assert rel_err(logits, e["logits"]) > 1e-3
+
+
+def test_xlstm_fused_weight_mode_loads_and_saves(tmp_path):
+  """The fixture's tensors rewritten in transformers' fused layout (weight_mode="fused":
+  q|k|v|o rows in one tensor, i|f in another, the feed-forward's gate|up in a third) load to
+  the same logits and save back in that layout."""
+  import numpy as np
+  from safetensors.numpy import load_file, save_file
+  d = _fixture_with("xlstm", tmp_path, weight_mode="fused")
+  t = load_file(d / "model.safetensors")
+  for i in range(2):
+    m, f = f"backbone.blocks.{i}.mlstm_layer.", f"backbone.blocks.{i}.ffn."
+    t[m + "qkv_opreact.weight"] = np.concatenate(
+        [t.pop(m + n + ".weight") for n in ("q", "k", "v", "ogate_preact")])
+    for kind in ("weight", "bias"):
+      t[m + "ifgate_preact." + kind] = np.concatenate(
+          [t.pop(m + g + "gate_preact." + kind) for g in ("i", "f")])
+    t[f + "proj_up_gate_z.weight"] = np.concatenate(
+        [t.pop(f + "proj_up_gate.weight"), t.pop(f + "proj_up.weight")])
+  save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
+  e = expected("xlstm")
+  model = hub.from_pretrained(d)
+  assert rel_err(model(jnp.asarray(e["prompt"], jnp.int32)), e["logits"]) < 1e-4
+  hub.save_pretrained(model, tmp_path / "out")
+  written = load_file(tmp_path / "out" / "model.safetensors")
+  assert sorted(written) == sorted(t)
+  for k in t:
+    np.testing.assert_array_equal(written[k], t[k], err_msg=k)

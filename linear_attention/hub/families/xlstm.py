@@ -4,8 +4,9 @@ untied head and the output logits soft-capped.
 
 The checkpoints' mLSTM starts each state at ``m = 0`` and adds ``eps`` to the read's
 denominator (the layer's ``initial_m`` and ``eps``); its gate pre-activations are soft-capped
-at ``gate_soft_cap``. The ``weight_mode="single"`` layout loads (one tensor per
-projection, as NX-AI/xLSTM-7b is stored); ``"fused"`` is refused.
+at ``gate_soft_cap``. Both ``weight_mode`` layouts load: ``"single"`` (one tensor per
+projection, as NX-AI/xLSTM-7b is stored) and ``"fused"`` (q, k, v and the output gate in one
+tensor, the two gates in another, the feed-forward's gate and up in a third).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from linear_attention.hub import core
+from linear_attention.hub.families import maps
 from linear_attention.hub.families.common import embeddings_and_head, get, require
 from linear_attention.models.blocks import LayerSpec
 from linear_attention.models.lm import LanguageModel
@@ -54,7 +57,9 @@ def build(config: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=None,
   """The ``LanguageModel`` of an xLSTM ``config.json``."""
   require(config, "use_bias", False, False)
   require(config, "add_out_norm", True, True)
-  require(config, "weight_mode", "single", "single")
+  if _get(config, "weight_mode") not in ("single", "fused"):
+    raise ValueError(f"config.json weight_mode={config['weight_mode']!r} is not supported for "
+                     "model_type 'xlstm' (supported: 'single', 'fused').")
   d, _, _, ffn = _dims(config)
   eps = float(_get(config, "norm_eps"))
   # The layer computes int(d * factor) as transformers' does.
@@ -83,9 +88,22 @@ def _mixer(m: str, pm: tuple) -> list:
           core.same(m + "fgate_preact.bias", pm + ("f_gate", "bias"))]
 
 
+def _mixer_fused(m: str, pm: tuple, qk: int, v: int, h: int) -> list:
+  # transformers splits qkv_opreact's rows at (qk, 2 qk, 2 qk + v) and ifgate_preact's at H.
+  gates = (pm + ("i_gate", "bias"), pm + ("f_gate", "bias"))
+  return [maps.rows(m + "qkv_opreact.weight",
+                    [pm + (p, "kernel") for p in ("q_proj", "k_proj", "v_proj", "o_gate")],
+                    1, (qk, qk, v, v)),
+          maps.rows(m + "ifgate_preact.weight", [pm + ("i_gate", "kernel"),
+                                                 pm + ("f_gate", "kernel")], 1, (h, h)),
+          core.Split(gates, m + "ifgate_preact.bias", lambda a: list(np.split(a, 2)),
+                     np.concatenate)]
+
+
 def tensors(config: Mapping[str, Any]) -> list:
   """Checkpoint names of every parameter."""
-  _, _, v, _ = _dims(config)
+  _, qk, v, _ = _dims(config)
+  fused = _get(config, "weight_mode") == "fused"
   h = _get(config, "num_heads")
   out = embeddings_and_head(config, "backbone.embeddings.weight", "backbone.out_norm.weight",
                             False)
@@ -93,13 +111,16 @@ def tensors(config: Mapping[str, Any]) -> list:
     hf, p = f"backbone.blocks.{i}.", ("backbone", "blocks", i)
     m, pm = hf + "mlstm_layer.", p + ("mixer",)
     out.append(core.same(hf + "norm_mlstm.weight", p + ("mixer_norm", "scale")))
-    out += _mixer(m, pm)
+    out += _mixer_fused(m, pm, qk, v, h) if fused else _mixer(m, pm)
     out += [core.reshaped(m + "multihead_norm.weight", pm + ("o_norm", "scale"), (h, v // h)),
             core.linear(m + "out_proj.weight", pm + ("out_proj", "kernel")),
             core.same(hf + "norm_ffn.weight", p + ("mlp_norm", "scale")),
-            core.linear(hf + "ffn.proj_down.weight", p + ("mlp", "down", "kernel")),
-            core.linears([hf + "ffn.proj_up_gate.weight", hf + "ffn.proj_up.weight"],
-                         p + ("mlp", "up", "kernel"))]
+            core.linear(hf + "ffn.proj_down.weight", p + ("mlp", "down", "kernel"))]
+    up = p + ("mlp", "up", "kernel")
+    if fused:  # the gate rows, then the up rows: the SwiGLU's fused kernel as it is
+      out.append(core.linear(hf + "ffn.proj_up_gate_z.weight", up))
+    else:
+      out.append(core.linears([hf + "ffn.proj_up_gate.weight", hf + "ffn.proj_up.weight"], up))
   return out
 
 
