@@ -100,6 +100,22 @@ FAMILIES = {
     "olmo_hybrid_nope": ("OlmoHybridConfig", dict(
         _COMMON, layer_types=["full_attention", "linear_attention"], num_attention_heads=2,
         intermediate_size=24, linear_allow_neg_eigval=False, rope_parameters=None), True),
+    "kimi_linear": ("KimiLinearConfig", dict(
+        _COMMON, num_hidden_layers=3, layer_types=["linear_attention", "full_attention",
+                                                   "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"], num_attention_heads=2,
+        num_key_value_heads=2, kv_lora_rank=8, q_lora_rank=None, qk_nope_head_dim=4,
+        qk_rope_head_dim=4, v_head_dim=6, linear_num_heads=2, linear_head_dim=8,
+        num_local_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+        moe_intermediate_size=8, n_shared_experts=1, intermediate_size=24,
+        routed_scaling_factor=2.5), True),
+    "kimi_linear_q_lora": ("KimiLinearConfig", dict(
+        _COMMON, layer_types=["full_attention", "linear_attention"],
+        mlp_layer_types=["sparse", "dense"], num_attention_heads=2, num_key_value_heads=2,
+        kv_lora_rank=6, q_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4,
+        linear_num_heads=1, linear_head_dim=12, num_local_experts=4, num_experts_per_tok=3,
+        moe_intermediate_size=8, n_shared_experts=2, intermediate_size=24, norm_topk_prob=False),
+        True),
 }
 
 

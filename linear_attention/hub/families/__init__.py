@@ -14,3 +14,4 @@ from linear_attention.hub.families import granitemoehybrid  # noqa: F401
 from linear_attention.hub.families import bamba  # noqa: F401
 from linear_attention.hub.families import qwen3_next  # noqa: F401
 from linear_attention.hub.families import olmo_hybrid  # noqa: F401
+from linear_attention.hub.families import kimi_linear  # noqa: F401
