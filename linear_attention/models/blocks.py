@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.models import stack
 from linear_attention.nn import modules
 from linear_attention.nn import registry
 
@@ -78,12 +79,21 @@ class Block(nnx.Module):
   def _mlp(self, x):
     return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
 
-  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
-    """``x [B, T, D]`` -> ``[B, T, D]``."""
+  def __call__(self, x: Array, segment_ids: Array | None = None, *,
+               remat_mixer: bool = False) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``.
+
+    ``remat_mixer``: recompute the mixer in the backward pass instead of keeping its
+    intermediates (``model.remat="mixer_only"``); the values are the same.
+    """
     h = self.mixer_norm(x)
     if self.pre_conv is not None:
       h = self.pre_conv(h, segment_ids=segment_ids)
-    x = x + self.mixer(h, segment_ids=segment_ids)
+    if remat_mixer:
+      x = x + stack.call_checkpointed(self.mixer, lambda m, h, s: m(h, segment_ids=s), h,
+                                      segment_ids)
+    else:
+      x = x + self.mixer(h, segment_ids=segment_ids)
     return self._mlp(x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32):

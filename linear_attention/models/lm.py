@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from linear_attention.models import stack
 from linear_attention.models.blocks import Block
 from linear_attention.nn import modules
 from linear_attention.nn.mixer import check_positive
@@ -89,7 +90,10 @@ class Backbone(nnx.Module):
   ``mixer_kwargs`` maps a mixer name to the keyword arguments of every block
   using that mixer (e.g. ``{"local": {"window": 128}}``). ``short_conv`` (a width,
   0 for none) puts a depthwise causal convolution before every mixer (see
-  :class:`~linear_attention.models.blocks.Block`).
+  :class:`~linear_attention.models.blocks.Block`). ``remat`` (``"none"``, ``"block"``,
+  ``"mixer_only"`` or a ``jax.checkpoint_policies`` name) and ``scan_layers`` choose what
+  the backward pass keeps and whether the stack runs as a scan over its repeating unit
+  (:mod:`linear_attention.models.stack`); neither changes the values.
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -97,8 +101,11 @@ class Backbone(nnx.Module):
                num_heads: int = 4, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
-               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32,
+               remat: str = "none", scan_layers: bool = False):
     check_positive("vocab_size", vocab_size)
+    stack.check_remat(remat)
+    self.remat, self.scan_layers = remat, bool(scan_layers)
     check_positive("d_model", d_model)
     names = resolve_pattern(num_layers, mixer, pattern, pattern_letters)
     mixer_kwargs = dict(mixer_kwargs or {})
@@ -120,8 +127,7 @@ class Backbone(nnx.Module):
 
   def run(self, x: Array, segment_ids: Array | None = None) -> Array:
     """Embedded ``x [B, T, D]`` through the blocks and the final norm."""
-    for blk in self.blocks:
-      x = blk(x, segment_ids=segment_ids)
+    x = stack.run_blocks(self.blocks, x, segment_ids, remat=self.remat, scan=self.scan_layers)
     return self.final_norm(x)
 
   def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:
@@ -157,6 +163,8 @@ class LanguageModel(nnx.Module):
     num_heads, mlp_ratio, mixer_kwargs, pattern_letters, short_conv: see
       :class:`Backbone` and :class:`~linear_attention.models.blocks.Block`.
     tie_embeddings: reuse the embedding matrix as the output head.
+    remat, scan_layers: activation checkpointing and a scan over repeated blocks (see
+      :class:`Backbone`).
 
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
   ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
@@ -169,12 +177,13 @@ class LanguageModel(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
                norm_eps: float = 1e-6, short_conv: int = 0, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               param_dtype=jnp.float32, remat: str = "none", scan_layers: bool = False):
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
                              short_conv=short_conv, rngs=rngs,
-                             dtype=dtype, param_dtype=param_dtype)
+                             dtype=dtype, param_dtype=param_dtype, remat=remat,
+                             scan_layers=scan_layers)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:
       raise ValueError(f"a causal language model cannot use the encoder mixers {non_causal}.")
@@ -244,7 +253,8 @@ class SequenceClassifier(nnx.Module):
                num_heads: int = 4, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
-               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32,
+               remat: str = "none", scan_layers: bool = False):
     if pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}.")
     check_positive("num_classes", num_classes)
@@ -253,7 +263,8 @@ class SequenceClassifier(nnx.Module):
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
                              short_conv=short_conv, rngs=rngs,
-                             dtype=dtype, param_dtype=param_dtype)
+                             dtype=dtype, param_dtype=param_dtype, remat=remat,
+                             scan_layers=scan_layers)
     self.cls = (nnx.Param(0.02 * jax.random.normal(rngs.params(), (d_model,)).astype(param_dtype))
                 if pooling == "cls" else None)
     self.head = modules.dense(d_model, num_classes, use_bias=True, rngs=rngs, dtype=dtype,

@@ -66,7 +66,8 @@ def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
   pattern = mcfg["pattern"] or None
   common = dict(mixer=None if pattern else mcfg["mixer"], pattern=pattern,
                 num_heads=mcfg["num_heads"], mlp_ratio=mcfg["mlp_ratio"], mixer_kwargs=mk,
-                short_conv=int(mcfg.get("short_conv", 0)), dtype=DTYPES[mcfg["dtype"]])
+                short_conv=int(mcfg.get("short_conv", 0)), dtype=DTYPES[mcfg["dtype"]],
+                remat=mcfg.get("remat", "none"), scan_layers=bool(mcfg.get("scan_layers", False)))
   num_layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
 
   def build():
