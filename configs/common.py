@@ -33,7 +33,10 @@ Fields:
             early_stop_metric ("" off, "accuracy" or "loss") and early_stop_value (stop at
             the first evaluation with accuracy >= / loss <= it), steps_per_dispatch (training
             steps fused into one jitted call, a ``lax.scan``; reduced to its gcd with the
-            logging, evaluation and checkpoint intervals; 1 = one call per step).
+            logging, evaluation and checkpoint intervals; 1 = one call per step),
+            accum_steps (each batch's gradient summed over that many micro-batches inside
+            the step, a lax.scan: the same update with 1/accum_steps of the activations;
+            data.batch_size must be divisible by accum_steps times the data devices).
   mesh.*    data (devices on the data axis, -1 = all left by seq), fsdp (shard params and
             optimizer state over that axis instead of replicating them), seq (devices the
             sequence is split over, context parallelism; 1 = off; it must divide
@@ -148,7 +151,8 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       steps=1000, eval_every=250, eval_batches=0, log_every=50, seed=0,
       checkpoint_every=250, keep_checkpoints=2, async_checkpoints=True,
-      early_stop_metric="", early_stop_value=0.0, steps_per_dispatch=10))
+      early_stop_metric="", early_stop_value=0.0, steps_per_dispatch=10,
+      accum_steps=1))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=False, seq=1))
   return c
 

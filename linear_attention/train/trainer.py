@@ -138,13 +138,62 @@ def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: st
   return loss, {"loss_sum": loss_sum, "correct": jnp.sum(correct * w), "weight": weight}
 
 
-def _train_step_fn(graphdef, kind: str, max_targets: int | None):
-  """The un-jitted one-step update ``(state, batch) -> (state, metrics)``."""
+def _micro_batches(batch: Mapping[str, jax.Array], accum_steps: int) -> dict:
+  """``[B, ...]`` fields -> ``[accum_steps, B / accum_steps, ...]``: micro-batch ``j`` holds
+  rows ``j, j + k, j + 2k, ...``, so each device's contiguous rows split into ``k`` local
+  micro-batches and no row moves between devices."""
+  def split(x):
+    return jnp.swapaxes(x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]), 0, 1)
+  return {k: split(v) for k, v in batch.items()}
+
+
+def accumulated_grads(model: nnx.Module, batch: Mapping[str, jax.Array], kind: str,
+                      max_targets: int | None = None, accum_steps: int = 1):
+  """The loss, its metric sums and the gradient of ``model`` on ``batch``, computed on
+  ``accum_steps`` micro-batches one after the other (a ``lax.scan``).
+
+  Each micro-batch adds the gradient of its summed loss; the sum is divided by the counted
+  positions of the whole batch at the end, so the result is the gradient of the whole
+  batch's mean loss (to float32 rounding) with the activations of one micro-batch alive at
+  a time. ``batch``'s row count must be divisible by ``accum_steps``.
+
+  Returns:
+    ``(loss, {"loss_sum", "correct", "weight"}, grads)`` as :func:`loss_and_metrics` and
+    ``nnx.grad`` give them.
+  """
+  if accum_steps == 1:
+    grad_fn = nnx.value_and_grad(loss_and_metrics, has_aux=True)
+    (loss, aux), grads = grad_fn(model, batch, kind, max_targets)
+    return loss, aux, grads
+
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def summed(params, rest, b):  # pure in the parameters: the scan body is its own trace
+    _, aux = loss_and_metrics(nnx.merge(graphdef, params, rest), b, kind, max_targets)
+    return aux["loss_sum"], aux
+
+  grad_fn = jax.value_and_grad(summed, has_aux=True)
+
+  def micro(carry, b):
+    grads, sums = carry
+    (_, aux), g = grad_fn(params, rest, b)
+    return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, aux)), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  sums0 = {k: jnp.zeros((), jnp.float32) for k in ("loss_sum", "correct", "weight")}
+  (grads, aux), _ = jax.lax.scan(micro, (zeros, sums0), _micro_batches(batch, accum_steps))
+  weight = jnp.maximum(aux["weight"], 1.0)
+  grads = jax.tree.map(lambda g: g / weight.astype(g.dtype), grads)
+  return aux["loss_sum"] / weight, aux, grads
+
+
+def _train_step_fn(graphdef, kind: str, max_targets: int | None, accum_steps: int = 1):
+  """The un-jitted one-step update ``(state, batch) -> (state, metrics)``; ``accum_steps``
+  micro-batches per step (see :func:`accumulated_grads`)."""
 
   def train_step(state, batch):
     model, opt = nnx.merge(graphdef, state)
-    grad_fn = nnx.value_and_grad(loss_and_metrics, has_aux=True)
-    (loss, aux), grads = grad_fn(model, batch, kind, max_targets)
+    loss, aux, grads = accumulated_grads(model, batch, kind, max_targets, accum_steps)
     gnorm = optax.tree.norm(grads)
     opt.update(model, grads)
     out = {"loss": loss, "accuracy": aux["correct"] / jnp.maximum(aux["weight"], 1.0),
@@ -154,13 +203,15 @@ def _train_step_fn(graphdef, kind: str, max_targets: int | None):
   return train_step
 
 
-def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None):
-  """Jitted train and eval steps on the flat ``(model, optimizer)`` state.
+def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None,
+               accum_steps: int = 1):
+  """Jitted train and eval steps on the flat ``(model, optimizer)`` state (the train step
+  on ``accum_steps`` micro-batches of each batch; evaluation on the whole batch).
 
   ``jax.jit`` over ``nnx.split`` state (rather than ``nnx.jit`` on the objects) gives explicit
   in/out shardings (replicated or FSDP) and donates the old state's buffers.
   """
-  train_step = _train_step_fn(graphdef, kind, max_targets)
+  train_step = _train_step_fn(graphdef, kind, max_targets, accum_steps)
 
   def eval_step(state, batch):
     model, _ = nnx.merge(graphdef, state)
@@ -173,7 +224,7 @@ def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int |
 
 
 def make_fused_steps(graphdef, kind: str, state_sh, batch_sh, repl,
-                     max_targets: int | None = None):
+                     max_targets: int | None = None, accum_steps: int = 1):
   """A jitted ``(state, batches) -> (state, metrics)`` running one step per leading row.
 
   ``batches`` is a batch with a leading steps axis (``[K, B, ...]``); the steps run in a
@@ -183,7 +234,7 @@ def make_fused_steps(graphdef, kind: str, state_sh, batch_sh, repl,
   fuse the scan body differently). ``batch_sh``: the sharding of one batch (rows over the
   data axis), or None; the stacked batch adds an unsharded leading axis.
   """
-  train_step = _train_step_fn(graphdef, kind, max_targets)
+  train_step = _train_step_fn(graphdef, kind, max_targets, accum_steps)
 
   def train_many(state, batches):
     return jax.lax.scan(train_step, state, batches)
@@ -364,6 +415,9 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   spd = t.get("steps_per_dispatch", 1)
   if isinstance(spd, bool) or not isinstance(spd, int) or spd < 1:
     raise ValueError(f"config.train.steps_per_dispatch must be an int >= 1, got {spd!r}.")
+  accum = t.get("accum_steps", 1)
+  if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
+    raise ValueError(f"config.train.accum_steps must be an int >= 1, got {accum!r}.")
   metric = t.get("early_stop_metric", "")
   if metric not in EARLY_STOP_METRICS:
     raise ValueError(f"config.train.early_stop_metric must be one of {list(EARLY_STOP_METRICS)}, "
@@ -562,6 +616,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
     if ds.batch_size % mesh.shape[sharding.DATA]:
       raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
                        f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
+    accum = int(config.train.get("accum_steps", 1))
+    if ds.batch_size % (mesh.shape[sharding.DATA] * accum):
+      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by "
+                       f"config.train.accum_steps ({accum}) times the "
+                       f"{mesh.shape[sharding.DATA]} devices of the data axis: each device "
+                       "splits its rows into accum_steps micro-batches.")
     check_context_parallel(model, ds, mesh)
     check_batch(ds.batch(0, split="train"), ds, 0, "train")
     workdir = prepare_workdir(workdir)  # only now, after everything above validated
@@ -594,8 +654,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   # (otherwise one row sharding fits every field, and the data stream sees no extra request).
   batch_sh = (sharding.batch_sharding(mesh) if sharding.seq_size(mesh) == 1
               else sharding.batch_shardings(ds.batch(0, split="train"), mesh))
+  accum = int(config.train.get("accum_steps", 1))
   train_fn, eval_fn = (sharding.under_mesh(f, mesh) for f in make_steps(
-      graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None)))
+      graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None),
+      accum))
 
   tcfg = config.train
   # Compared before anything is written: a refused change leaves the workdir as it was.
@@ -653,8 +715,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
   last_train: dict[str, float] = {}
   per_dispatch = dispatch_steps(tcfg)
   fused_fn = (sharding.under_mesh(make_fused_steps(
-      graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None)),
-      mesh) if per_dispatch > 1 else None)
+      graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None),
+      accum), mesh) if per_dispatch > 1 else None)
   compiled: set[str] = set()
 
   def chunk_end(step: int) -> int:
