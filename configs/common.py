@@ -9,7 +9,8 @@ Fields:
   model.*   mixer or pattern (names from ``linear_attention.nn.MIXERS`` / ``PATTERN_LETTERS``),
             d_model, num_layers, num_heads, mlp_ratio, tie_embeddings, mixer_kwargs
             ({mixer name: {kwarg: value}}, see below), pooling (classifiers), dtype (compute
-            dtype), short_conv (width of a causal convolution before every mixer; 0 = none),
+            dtype: "bfloat16" is mixed precision, see the README), param_dtype ("float32";
+            "bfloat16" for inference only), short_conv (width of a causal convolution before every mixer; 0 = none),
             remat ("none", "block", "mixer_only" or a jax.checkpoint_policies name: what
             the backward pass recomputes instead of keeping), scan_layers (run the blocks as
             a lax.scan over the pattern's repeating unit: compile time flat in depth, and
@@ -144,7 +145,8 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       mixer="gla", pattern="", d_model=128, num_layers=2, num_heads=4, mlp_ratio=8 / 3,
       tie_embeddings=True, mixer_kwargs=mixer_kwargs_config(), pooling="mean",
-      dtype="float32", short_conv=0, remat="none", scan_layers=False))
+      dtype="float32", short_conv=0, remat="none", scan_layers=False,
+      param_dtype="float32"))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, warmup_steps=100, final_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.95,
       eps=1e-8, clip_norm=1.0, schedule="cosine"))
