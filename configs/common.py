@@ -9,7 +9,12 @@ Fields:
   model.*   mixer or pattern (names from ``linear_attention.nn.MIXERS`` / ``PATTERN_LETTERS``),
             d_model, num_layers, num_heads, mlp_ratio, tie_embeddings, mixer_kwargs
             ({mixer name: {kwarg: value}}, see below), pooling (classifiers), dtype (compute
-            dtype), short_conv (width of a causal convolution before every mixer; 0 = none).
+            dtype: "bfloat16" is mixed precision, see the README), param_dtype ("float32";
+            "bfloat16" for inference only), short_conv (width of a causal convolution before every mixer; 0 = none),
+            remat ("none", "block", "mixer_only" or a jax.checkpoint_policies name: what
+            the backward pass recomputes instead of keeping), scan_layers (run the blocks as
+            a lax.scan over the pattern's repeating unit: compile time flat in depth, and
+            what makes remat save memory; see linear_attention.models.stack).
   model.mixer_kwargs.<mixer>.<option>
             every registry mixer's own options with their defaults (the layer's keyword
             arguments, ``linear_attention.nn.mixer_kwargs(name)``; ``dtype`` and
@@ -29,7 +34,10 @@ Fields:
             early_stop_metric ("" off, "accuracy" or "loss") and early_stop_value (stop at
             the first evaluation with accuracy >= / loss <= it), steps_per_dispatch (training
             steps fused into one jitted call, a ``lax.scan``; reduced to its gcd with the
-            logging, evaluation and checkpoint intervals; 1 = one call per step).
+            logging, evaluation and checkpoint intervals; 1 = one call per step),
+            accum_steps (each batch's gradient summed over that many micro-batches inside
+            the step, a lax.scan: the same update with 1/accum_steps of the activations;
+            data.batch_size must be divisible by accum_steps times the data devices).
   mesh.*    data (devices on the data axis, -1 = all left by seq), fsdp (shard params and
             optimizer state over that axis instead of replicating them), seq (devices the
             sequence is split over, context parallelism; 1 = off; it must divide
@@ -137,14 +145,16 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       mixer="gla", pattern="", d_model=128, num_layers=2, num_heads=4, mlp_ratio=8 / 3,
       tie_embeddings=True, mixer_kwargs=mixer_kwargs_config(), pooling="mean",
-      dtype="float32", short_conv=0))
+      dtype="float32", short_conv=0, remat="none", scan_layers=False,
+      param_dtype="float32"))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, warmup_steps=100, final_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.95,
       eps=1e-8, clip_norm=1.0, schedule="cosine"))
   c.train = ml_collections.ConfigDict(dict(
       steps=1000, eval_every=250, eval_batches=0, log_every=50, seed=0,
       checkpoint_every=250, keep_checkpoints=2, async_checkpoints=True,
-      early_stop_metric="", early_stop_value=0.0, steps_per_dispatch=10))
+      early_stop_metric="", early_stop_value=0.0, steps_per_dispatch=10,
+      accum_steps=1))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=False, seq=1))
   return c
 

@@ -27,6 +27,20 @@ as one process holding 2 CPU devices and as 2 processes of one device each on lo
 trainer's own logged windows after the first. Writes ``results/bench_scale_processes_cpu.json``.
 
   python experiments/bench_scale.py --part a
+
+Part model, ``--part model``: the memory a real-size model needs per device, without the
+devices. A Gated DeltaNet hybrid with one softmax layer in four (``"DDDA"``, vocabulary
+32,768) at 1B (d_model 2048, 20 layers) and 8B (d_model 4096, 40 layers) parameters; the
+trainer's train step (scanned layers, FSDP, one sequence per device) compiled from abstract
+shapes for 8 and 64 fake devices, with ``model.remat`` none and block, at 4k and 32k
+tokens per sequence; XLA's memory plan per device and whether it fits an 80 GB GPU and a
+16 GB TPU v5e chip. Writes ``runs/bench_scale_model_cpu.json`` unless ``--out`` names
+another file (``results/bench_scale_model_cpu.json`` holds the committed table).
+
+  python experiments/bench_scale.py --part model --out results/bench_scale_model_cpu.json
+
+Part depth, ``--part depth``: the train step's compile time at two depths (default 6 and
+24 layers of Gated DeltaNet), with the blocks unrolled and scanned (``model.scan_layers``).
 """
 
 from __future__ import annotations
@@ -34,10 +48,12 @@ from __future__ import annotations
 import os
 import sys
 
-# Before JAX starts: 4 fake CPU devices (an explicit XLA_FLAGS count wins).
+# Before JAX starts: 4 fake CPU devices, 64 for the memory table (an explicit XLA_FLAGS count
+# wins).
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  _count = 64 if any(a in ("--part=model", "model") for a in sys.argv[1:]) else 4
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=4").strip()
+                             + f" --xla_force_host_platform_device_count={_count}").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -195,10 +211,14 @@ def main_processes(argv=None) -> dict:
 
 def main(argv=None) -> dict:
   argv = sys.argv[1:] if argv is None else argv
-  if "--part=a" in argv or ("--part" in argv and argv[argv.index("--part") + 1] == "a"):
-    return main_processes(argv)
+  part = next((a.split("=", 1)[1] for a in argv if a.startswith("--part=")), None)
+  if part is None and "--part" in argv:
+    part = argv[argv.index("--part") + 1]
+  if part in ("a", "model", "depth"):
+    return {"a": main_processes, "model": main_model, "depth": main_depth}[part](argv)
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--part", default="b", choices=["a", "b"], help="a: processes; b: mesh.seq")
+  p.add_argument("--part", default="b", choices=["a", "b", "model", "depth"],
+                 help="a: processes; b: mesh.seq; model: memory table; depth: compile time")
   p.add_argument("--mixer", default="gla", help="a registry mixer or a comma-separated list")
   p.add_argument("--lengths", default="4096,16384,65536,131072,262144")
   p.add_argument("--seqs", default="1,2,4")
@@ -284,6 +304,140 @@ def _part_b(mixer: str, lengths: list[int], seqs: list[int], args) -> tuple[list
         + ("-" if ratio is None else ", ".join(f"seq {s}: {v:.2f}" for s, v in ratio.items())),
         flush=True)
   return rows, summary
+
+
+
+# ----------------------------------------------------------------------------- part model
+
+# The hybrid of the memory table: Gated DeltaNet with one softmax layer in four.
+MODEL_SHAPES = {"1B": dict(d_model=2048, num_layers=20, num_heads=16),
+                "8B": dict(d_model=4096, num_layers=40, num_heads=32)}
+DEVICE_BUDGETS_GB = {"gpu_80gb": 80.0, "tpu_v5e_16gb": 16.0}
+GB = 1e9
+
+
+def abstract_step(shape: dict, devices: int, seq_len: int, remat: str, *, scan: bool = True,
+                  vocab: int = 32768, pattern: str = "DDDA", mixer: str | None = None,
+                  fsdp: bool = True):
+  """The trainer's train step compiled for ``devices`` data-parallel devices (FSDP) with one
+  sequence of ``seq_len`` tokens per device, from abstract shapes only (``nnx.eval_shape``:
+  no parameter is allocated).
+
+  Returns:
+    ``(compiled, num_params, compile_s)``.
+  """
+  mesh = sharding.make_mesh({"data": devices, "seq": 1})
+  ocfg = dict(lr=1e-3, warmup_steps=10, final_lr_ratio=0.1, weight_decay=0.1, b1=0.9,
+              b2=0.95, eps=1e-8, clip_norm=1.0)
+
+  def build():
+    model = models.LanguageModel(vocab, shape["d_model"], shape["num_layers"],
+                                 mixer=mixer, pattern=None if mixer else pattern,
+                                 num_heads=shape["num_heads"], rngs=nnx.Rngs(0), remat=remat,
+                                 scan_layers=scan)
+    return model, optim.make_optimizer(model, ocfg, total_steps=100)
+
+  graphdef, state = nnx.split(nnx.eval_shape(build))
+  num_params = sum(x.size for x in jax.tree.leaves(nnx.state(nnx.eval_shape(build)[0],
+                                                               nnx.Param)))
+  state_sh = sharding.state_shardings(state, mesh, fsdp)
+  abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                          state, state_sh)
+  batch_sh = sharding.batch_sharding(mesh)
+  rows = devices
+  batch = {"inputs": jax.ShapeDtypeStruct((rows, seq_len), np.int32, sharding=batch_sh),
+           "targets": jax.ShapeDtypeStruct((rows, seq_len), np.int32, sharding=batch_sh),
+           "mask": jax.ShapeDtypeStruct((rows, seq_len), np.float32, sharding=batch_sh)}
+  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  train_fn, _ = trainer.make_steps(graphdef, "lm", state_sh, batch_sh, repl)
+  t0 = time.perf_counter()
+  compiled = train_fn.lower(abstract, batch).compile()
+  return compiled, int(num_params), time.perf_counter() - t0
+
+
+def memory_row(compiled) -> dict:
+  """XLA's per-device memory plan of ``compiled``; ``peak`` counts the donated state once
+  (temporaries + arguments + outputs - aliased outputs)."""
+  ma = compiled.memory_analysis()
+  mem = {"temp": int(ma.temp_size_in_bytes), "arguments": int(ma.argument_size_in_bytes),
+         "outputs": int(ma.output_size_in_bytes), "alias": int(ma.alias_size_in_bytes)}
+  mem["peak"] = mem["temp"] + mem["arguments"] + mem["outputs"] - mem["alias"]
+  return mem
+
+
+def main_model(argv=None) -> dict:
+  """Part model: the memory table of 1B and 8B hybrids on 8 and 64 fake devices."""
+  p = argparse.ArgumentParser(description="bench_scale part model: memory per device")
+  p.add_argument("--part", default="model")
+  p.add_argument("--sizes", default="1B,8B")
+  p.add_argument("--devices", default="8,64")
+  p.add_argument("--lengths", default="4096,32768")
+  p.add_argument("--remat", default="none,block")
+  p.add_argument("--out", default="runs/bench_scale_model_cpu.json",
+                 help="where the JSON goes (runs/ by default; results/ only when named)")
+  args = p.parse_args(argv)
+  sizes, devs = args.sizes.split(","), [int(x) for x in args.devices.split(",")]
+  lengths, remats = [int(x) for x in args.lengths.split(",")], args.remat.split(",")
+  if jax.device_count() < max(devs):
+    raise SystemExit(f"error: --devices up to {max(devs)} needs that many devices, got "
+                     f"{jax.device_count()} (XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}).")
+  out = {"benchmark": "bench_scale (model): train-step memory per device of a Gated DeltaNet "
+                      "hybrid (one softmax layer in four), FSDP over fake CPU devices",
+         "memory": "XLA memory_analysis of the compiled train step (forward, backward, AdamW) "
+                   "per device, from abstract shapes; peak = temp + arguments + outputs - "
+                   "alias (the donated state counted once). XLA on CPU plans it; a GPU or "
+                   "TPU compiler fuses and schedules differently, so it is an estimate.",
+         "model": {k: {**v, "pattern": "DDDA", "vocab": 32768, "mlp_ratio": 8 / 3,
+                       "scan_layers": True} for k, v in MODEL_SHAPES.items()},
+         "batch": "one sequence per device (global batch = devices), float32",
+         "budgets_gb": DEVICE_BUDGETS_GB,
+         "device": f"{jax.device_count()} fake CPU devices on {os.cpu_count()} cores, "
+                   f"jax {jax.__version__}",
+         "rows": []}
+  print(f"{'size':>4} {'dev':>4} {'T':>6} {'remat':>6} {'params':>7} {'temp GB':>8} "
+        f"{'state GB':>9} {'peak GB':>8} {'80GB':>5} {'16GB':>5} {'compile s':>9}", flush=True)
+  for size in sizes:
+    for t in lengths:
+      for n in devs:
+        for remat in remats:
+          compiled, num_params, compile_s = abstract_step(MODEL_SHAPES[size], n, t, remat)
+          mem = memory_row(compiled)
+          del compiled
+          row = {"size": size, "devices": n, "seq_len": t, "remat": remat,
+                 "num_params": num_params, "memory_bytes": mem, "compile_s": compile_s,
+                 "fits": {k: mem["peak"] <= v * GB for k, v in DEVICE_BUDGETS_GB.items()}}
+          out["rows"].append(row)
+          print(f"{size:>4} {n:>4} {t:>6} {remat:>6} {num_params / 1e9:>6.2f}B "
+                f"{mem['temp'] / GB:>8.2f} {mem['arguments'] / GB:>9.2f} "
+                f"{mem['peak'] / GB:>8.2f} {str(row['fits']['gpu_80gb']):>5} "
+                f"{str(row['fits']['tpu_v5e_16gb']):>5} {compile_s:>9.1f}", flush=True)
+          write_json(args.out, out)  # after every row: a long run keeps what it measured
+  print(f"wrote {args.out}", flush=True)
+  return out
+
+
+def main_depth(argv=None) -> dict:
+  """Part depth: compile time of the train step at two depths, unrolled and scanned."""
+  p = argparse.ArgumentParser(description="bench_scale part depth: compile time vs depth")
+  p.add_argument("--part", default="depth")
+  p.add_argument("--depths", default="6,24")
+  p.add_argument("--mixer", default="gated_deltanet")
+  p.add_argument("--out", default="runs/bench_scale_depth_cpu.json",
+                 help="where the JSON goes (runs/ by default; results/ only when named)")
+  args = p.parse_args(argv)
+  shape = dict(d_model=64, num_heads=2)
+  out = {"benchmark": "bench_scale (depth): train-step compile time against depth",
+         "model": {**shape, "mixer": args.mixer, "vocab": 256, "seq_len": 512, "devices": 1},
+         "device": f"CPU, {os.cpu_count()} cores, jax {jax.__version__}", "rows": []}
+  for scan in (False, True):
+    for depth in (int(x) for x in args.depths.split(",")):
+      _, _, compile_s = abstract_step({**shape, "num_layers": depth}, 1, 512, "none",
+                                      scan=scan, vocab=256, mixer=args.mixer, fsdp=False)
+      out["rows"].append({"scan_layers": scan, "num_layers": depth, "compile_s": compile_s})
+      print(f"scan_layers={scan!s:>5} layers {depth:>3}: compile {compile_s:6.1f} s", flush=True)
+      write_json(args.out, out)
+  print(f"wrote {args.out}", flush=True)
+  return out
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.models import stack
 from linear_attention.nn import modules
 from linear_attention.nn import moe as moe_lib
 from linear_attention.nn.mlp import MLP
@@ -205,16 +206,26 @@ class Block(nnx.Module):
       return x + self._scaled(self.mlp_norm(self.mlp(x)))
     return x + self._scaled(self.mlp(self.mlp_norm(x)))
 
-  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
-    """``x [B, T, D]`` -> ``[B, T, D]``."""
+  def __call__(self, x: Array, segment_ids: Array | None = None, *,
+               remat_mixer: bool = False) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``.
+
+    ``remat_mixer``: recompute the mixer in the backward pass instead of keeping its
+    intermediates (``model.remat="mixer_only"``); the values are the same.
+    """
     if self.mixer is None:
       return self._mlp(x)
+    if remat_mixer:
+      mix = lambda h: stack.call_checkpointed(
+          self.mixer, lambda m, h, s: m(h, segment_ids=s), h, segment_ids)
+    else:
+      mix = lambda h: self.mixer(h, segment_ids=segment_ids)
     if self.post_norm:
-      return self._mlp(x + self._scaled(self.mixer_norm(self.mixer(x, segment_ids=segment_ids))))
+      return self._mlp(x + self._scaled(self.mixer_norm(mix(x))))
     h = self.mixer_norm(x)
     if self.pre_conv is not None:
       h = self.pre_conv(h, segment_ids=segment_ids)
-    x = x + self._scaled(self.mixer(h, segment_ids=segment_ids))
+    x = x + self._scaled(mix(h))
     return self._mlp(x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32):

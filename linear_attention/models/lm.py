@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from linear_attention.models import stack
 from linear_attention.models.blocks import Block, LayerSpec
 from linear_attention.nn import modules
 from linear_attention.nn import norm as norm_lib
@@ -107,6 +108,11 @@ class Backbone(nnx.Module):
 
   ``embed_scale`` multiplies the token embeddings (Granite's ``embedding_multiplier``,
   Gemma's ``sqrt(D)``).
+
+  ``remat`` (``"none"``, ``"block"``,
+  ``"mixer_only"`` or a ``jax.checkpoint_policies`` name) and ``scan_layers`` choose what
+  the backward pass keeps and whether the stack runs as a scan over its repeating unit
+  (:mod:`linear_attention.models.stack`); neither changes the values.
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -116,8 +122,11 @@ class Backbone(nnx.Module):
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, layers: Sequence[LayerSpec] | None = None,
                embed_scale: float = 1.0, norm_offset: float = 0.0, rngs: nnx.Rngs,
-               dtype=None, param_dtype=jnp.float32):
+               dtype=None, param_dtype=jnp.float32,
+               remat: str = "none", scan_layers: bool = False):
     check_positive("vocab_size", vocab_size)
+    stack.check_remat(remat)
+    self.remat, self.scan_layers = remat, bool(scan_layers)
     check_positive("d_model", d_model)
     self.embed_scale = _check_scale("embed_scale", embed_scale)
     if layers is not None:
@@ -171,8 +180,7 @@ class Backbone(nnx.Module):
 
   def run(self, x: Array, segment_ids: Array | None = None) -> Array:
     """Embedded ``x [B, T, D]`` through the blocks and the final norm."""
-    for blk in self.blocks:
-      x = blk(x, segment_ids=segment_ids)
+    x = stack.run_blocks(self.blocks, x, segment_ids, remat=self.remat, scan=self.scan_layers)
     return self.final_norm(x)
 
   def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:
@@ -219,6 +227,8 @@ class LanguageModel(nnx.Module):
     logit_scale: multiplies the logits (Granite's ``1 / logits_scaling``).
     logit_soft_cap: ``cap * tanh(logits / cap)`` on the (scaled) logits (Gemma's and
       xLSTM-7B's 30); None for none.
+    remat, scan_layers: activation checkpointing and a scan over repeated blocks (see
+      :class:`Backbone`).
 
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
   ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
@@ -234,7 +244,7 @@ class LanguageModel(nnx.Module):
                layers: Sequence[LayerSpec] | None = None, embed_scale: float = 1.0,
                norm_offset: float = 0.0, logit_scale: float = 1.0,
                logit_soft_cap: float | None = None, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               param_dtype=jnp.float32, remat: str = "none", scan_layers: bool = False):
     modules.check_soft_cap("logit_soft_cap", logit_soft_cap)
     self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
@@ -242,7 +252,7 @@ class LanguageModel(nnx.Module):
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
                              short_conv=short_conv, layers=layers, embed_scale=embed_scale,
                              norm_offset=norm_offset, rngs=rngs, dtype=dtype,
-                             param_dtype=param_dtype)
+                             param_dtype=param_dtype, remat=remat, scan_layers=scan_layers)
     self.logit_scale = _check_scale("logit_scale", logit_scale)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:
@@ -315,7 +325,8 @@ class SequenceClassifier(nnx.Module):
                num_heads: int = 4, mlp_ratio: float = 8 / 3,
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
-               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               short_conv: int = 0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32,
+               remat: str = "none", scan_layers: bool = False):
     if pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}.")
     check_positive("num_classes", num_classes)
@@ -324,7 +335,8 @@ class SequenceClassifier(nnx.Module):
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
                              short_conv=short_conv, rngs=rngs,
-                             dtype=dtype, param_dtype=param_dtype)
+                             dtype=dtype, param_dtype=param_dtype, remat=remat,
+                             scan_layers=scan_layers)
     self.cls = (nnx.Param(0.02 * jax.random.normal(rngs.params(), (d_model,)).astype(param_dtype))
                 if pooling == "cls" else None)
     self.head = modules.dense(d_model, num_classes, use_bias=True, rngs=rngs, dtype=dtype,

@@ -35,7 +35,8 @@ RESOLVED_ERROR_LOG = "error.resolved.log"  # error.log of earlier attempts, once
 # the run logs, evaluates and saves, where it runs, and how long (``train.steps``).
 # Everything else (``model.*``, ``data.*``, ``optim.*``, ``train.seed``) shapes the
 # parameters, the optimiser state or the data stream the checkpoints were made with.
-RESUMABLE_FIELDS = ("train.", "mesh.")
+# model.remat and model.scan_layers change what the backward pass keeps, not the parameters.
+RESUMABLE_FIELDS = ("train.", "mesh.", "model.remat", "model.scan_layers")
 FROZEN_FIELDS = ("train.seed",)
 
 

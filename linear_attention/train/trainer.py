@@ -61,12 +61,18 @@ def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
     raise ValueError(f"dataset kind must be 'lm' or 'classify', got {kind!r}.")
   if mcfg["dtype"] not in DTYPES:
     raise ValueError(f"config.model.dtype must be one of {list(DTYPES)}, got {mcfg['dtype']!r}.")
+  param_dtype = mcfg.get("param_dtype", "float32")
+  if param_dtype not in DTYPES:
+    raise ValueError(f"config.model.param_dtype must be one of {list(DTYPES)}, got "
+                     f"{param_dtype!r}.")
   mk = mcfg["mixer_kwargs"]
   mk = mk.to_dict() if isinstance(mk, ml_collections.ConfigDict) else dict(mk or {})
   pattern = mcfg["pattern"] or None
   common = dict(mixer=None if pattern else mcfg["mixer"], pattern=pattern,
                 num_heads=mcfg["num_heads"], mlp_ratio=mcfg["mlp_ratio"], mixer_kwargs=mk,
-                short_conv=int(mcfg.get("short_conv", 0)), dtype=DTYPES[mcfg["dtype"]])
+                short_conv=int(mcfg.get("short_conv", 0)), dtype=DTYPES[mcfg["dtype"]],
+                param_dtype=DTYPES[param_dtype],
+                remat=mcfg.get("remat", "none"), scan_layers=bool(mcfg.get("scan_layers", False)))
   num_layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
 
   def build():
@@ -137,13 +143,62 @@ def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: st
   return loss, {"loss_sum": loss_sum, "correct": jnp.sum(correct * w), "weight": weight}
 
 
-def _train_step_fn(graphdef, kind: str, max_targets: int | None):
-  """The un-jitted one-step update ``(state, batch) -> (state, metrics)``."""
+def _micro_batches(batch: Mapping[str, jax.Array], accum_steps: int) -> dict:
+  """``[B, ...]`` fields -> ``[accum_steps, B / accum_steps, ...]``: micro-batch ``j`` holds
+  rows ``j, j + k, j + 2k, ...``, so each device's contiguous rows split into ``k`` local
+  micro-batches and no row moves between devices."""
+  def split(x):
+    return jnp.swapaxes(x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]), 0, 1)
+  return {k: split(v) for k, v in batch.items()}
+
+
+def accumulated_grads(model: nnx.Module, batch: Mapping[str, jax.Array], kind: str,
+                      max_targets: int | None = None, accum_steps: int = 1):
+  """The loss, its metric sums and the gradient of ``model`` on ``batch``, computed on
+  ``accum_steps`` micro-batches one after the other (a ``lax.scan``).
+
+  Each micro-batch adds the gradient of its summed loss; the sum is divided by the counted
+  positions of the whole batch at the end, so the result is the gradient of the whole
+  batch's mean loss (to float32 rounding) with the activations of one micro-batch alive at
+  a time. ``batch``'s row count must be divisible by ``accum_steps``.
+
+  Returns:
+    ``(loss, {"loss_sum", "correct", "weight"}, grads)`` as :func:`loss_and_metrics` and
+    ``nnx.grad`` give them.
+  """
+  if accum_steps == 1:
+    grad_fn = nnx.value_and_grad(loss_and_metrics, has_aux=True)
+    (loss, aux), grads = grad_fn(model, batch, kind, max_targets)
+    return loss, aux, grads
+
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def summed(params, rest, b):  # pure in the parameters: the scan body is its own trace
+    _, aux = loss_and_metrics(nnx.merge(graphdef, params, rest), b, kind, max_targets)
+    return aux["loss_sum"], aux
+
+  grad_fn = jax.value_and_grad(summed, has_aux=True)
+
+  def micro(carry, b):
+    grads, sums = carry
+    (_, aux), g = grad_fn(params, rest, b)
+    return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, aux)), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  sums0 = {k: jnp.zeros((), jnp.float32) for k in ("loss_sum", "correct", "weight")}
+  (grads, aux), _ = jax.lax.scan(micro, (zeros, sums0), _micro_batches(batch, accum_steps))
+  weight = jnp.maximum(aux["weight"], 1.0)
+  grads = jax.tree.map(lambda g: g / weight.astype(g.dtype), grads)
+  return aux["loss_sum"] / weight, aux, grads
+
+
+def _train_step_fn(graphdef, kind: str, max_targets: int | None, accum_steps: int = 1):
+  """The un-jitted one-step update ``(state, batch) -> (state, metrics)``; ``accum_steps``
+  micro-batches per step (see :func:`accumulated_grads`)."""
 
   def train_step(state, batch):
     model, opt = nnx.merge(graphdef, state)
-    grad_fn = nnx.value_and_grad(loss_and_metrics, has_aux=True)
-    (loss, aux), grads = grad_fn(model, batch, kind, max_targets)
+    loss, aux, grads = accumulated_grads(model, batch, kind, max_targets, accum_steps)
     gnorm = optax.tree.norm(grads)
     opt.update(model, grads)
     out = {"loss": loss, "accuracy": aux["correct"] / jnp.maximum(aux["weight"], 1.0),
@@ -153,13 +208,15 @@ def _train_step_fn(graphdef, kind: str, max_targets: int | None):
   return train_step
 
 
-def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None):
-  """Jitted train and eval steps on the flat ``(model, optimizer)`` state.
+def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None,
+               accum_steps: int = 1):
+  """Jitted train and eval steps on the flat ``(model, optimizer)`` state (the train step
+  on ``accum_steps`` micro-batches of each batch; evaluation on the whole batch).
 
   ``jax.jit`` over ``nnx.split`` state (rather than ``nnx.jit`` on the objects) gives explicit
   in/out shardings (replicated or FSDP) and donates the old state's buffers.
   """
-  train_step = _train_step_fn(graphdef, kind, max_targets)
+  train_step = _train_step_fn(graphdef, kind, max_targets, accum_steps)
 
   def eval_step(state, batch):
     model, _ = nnx.merge(graphdef, state)
@@ -172,7 +229,7 @@ def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int |
 
 
 def make_fused_steps(graphdef, kind: str, state_sh, batch_sh, repl,
-                     max_targets: int | None = None):
+                     max_targets: int | None = None, accum_steps: int = 1):
   """A jitted ``(state, batches) -> (state, metrics)`` running one step per leading row.
 
   ``batches`` is a batch with a leading steps axis (``[K, B, ...]``); the steps run in a
@@ -182,7 +239,7 @@ def make_fused_steps(graphdef, kind: str, state_sh, batch_sh, repl,
   fuse the scan body differently). ``batch_sh``: the sharding of one batch (rows over the
   data axis), or None; the stacked batch adds an unsharded leading axis.
   """
-  train_step = _train_step_fn(graphdef, kind, max_targets)
+  train_step = _train_step_fn(graphdef, kind, max_targets, accum_steps)
 
   def train_many(state, batches):
     return jax.lax.scan(train_step, state, batches)
@@ -363,6 +420,15 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   spd = t.get("steps_per_dispatch", 1)
   if isinstance(spd, bool) or not isinstance(spd, int) or spd < 1:
     raise ValueError(f"config.train.steps_per_dispatch must be an int >= 1, got {spd!r}.")
+  param_dtype = config.model.get("param_dtype", "float32")
+  if param_dtype != "float32" and t.steps > 0:
+    raise ValueError(f"config.model.param_dtype={param_dtype!r} is for inference (evaluation, "
+                     "generation); training keeps float32 parameters and optimizer state. "
+                     "For bfloat16 compute set config.model.dtype='bfloat16' and leave "
+                     "config.model.param_dtype='float32'.")
+  accum = t.get("accum_steps", 1)
+  if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
+    raise ValueError(f"config.train.accum_steps must be an int >= 1, got {accum!r}.")
   metric = t.get("early_stop_metric", "")
   if metric not in EARLY_STOP_METRICS:
     raise ValueError(f"config.train.early_stop_metric must be one of {list(EARLY_STOP_METRICS)}, "
@@ -561,6 +627,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
     if ds.batch_size % mesh.shape[sharding.DATA]:
       raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
                        f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
+    accum = int(config.train.get("accum_steps", 1))
+    if ds.batch_size % (mesh.shape[sharding.DATA] * accum):
+      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by "
+                       f"config.train.accum_steps ({accum}) times the "
+                       f"{mesh.shape[sharding.DATA]} devices of the data axis: each device "
+                       "splits its rows into accum_steps micro-batches.")
     check_context_parallel(model, ds, mesh)
     check_batch(ds.batch(0, split="train"), ds, 0, "train")
     workdir = prepare_workdir(workdir)  # only now, after everything above validated
@@ -577,109 +649,163 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
 def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Module,
            opt: nnx.Optimizer, mesh, lock: rundir.WorkdirLock | None, *, verbose: bool,
            t_start: float) -> dict:
-  """The run itself, in a validated and locked workdir (see :func:`train_and_evaluate`)."""
-  total = int(config.train.steps)
-  lead = jax.process_index() == 0
-  say = (lambda line: print(line, file=sys.stderr, flush=True)) if verbose and lead else (
-      lambda line: None)
+  """The run itself, in a validated and locked workdir (see :func:`train_and_evaluate`):
+  set up the sharded state and steps, restore, train, evaluate, finish."""
+  run = _Run(config, workdir, ds, mesh, verbose=verbose, t_start=t_start)
   if lock is not None and lock.took_over:
-    say(rundir.describe_takeover(lock.took_over))
-
-  graphdef, state = nnx.split((model, opt))
-  state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
-  state = jax.device_put(state, state_sh)
-  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  # Per-field shardings need the fields' ranks, so a batch, only when the sequence is sharded
-  # (otherwise one row sharding fits every field, and the data stream sees no extra request).
-  batch_sh = (sharding.batch_sharding(mesh) if sharding.seq_size(mesh) == 1
-              else sharding.batch_shardings(ds.batch(0, split="train"), mesh))
-  train_fn, eval_fn = (sharding.under_mesh(f, mesh) for f in make_steps(
-      graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None)))
-
-  tcfg = config.train
-  # Compared before anything is written: a refused change leaves the workdir as it was.
-  changed = rundir.check_rerun_config(workdir, config, ckpt_lib.newest_step_on_disk(workdir))
-  ckpt = ckpt_lib.Checkpointer(workdir, tcfg.checkpoint_every, tcfg.keep_checkpoints,
-                               tcfg.async_checkpoints)
+    run.say(rundir.describe_takeover(lock.took_over))
+  run.setup(model, opt)
+  done_before = run.restore()
+  if done_before is not None:
+    return done_before
+  run.open_logs(model)
   try:
-    latest = ckpt.latest_step() or 0
-    done_before = load_final_metrics(workdir) if lead else None
-    finished = done_before is not None and not changed and (
-        (latest >= total and done_before.get("step") == total)
-        or (done_before.get("stopped_early") and done_before.get("step") == latest))
-    if finished:
-      ckpt.close()
-      if verbose and lead:
-        print(f"{workdir} already finished at step {done_before['step']}: "
-              f"{describe_final(done_before)}", flush=True)
-      return done_before
-    # The newest checkpoint that restores; damaged newer ones are set aside and said.
-    start, state = ckpt.restore_latest(state, say=say)
-  except BaseException:
-    ckpt.close()
-    raise
-  if changed:
-    say(changed)
-  if lead:
-    rundir.write_config(workdir, config)
-  writer = metrics_lib.MetricWriter(workdir, start, enabled=lead, say=say)
-  schedule = optim.lr_schedule(config.optim, total)
-  num_params = models.count_params(model)
-  tokens_per_step = ds.batch_size * ds.seq_len
-  eval_n = int(tcfg.eval_batches) if tcfg.eval_batches > 0 else None
-  is_text = config.data.get("task") == "text"
-  progress = metrics_lib.Progress(total, start, enabled=verbose and lead)
-  if start and lead and not verbose:  # quiet (a sweep's point): the log still says it resumed
-    print(f"resuming at step {start} of {total} from {ckpt.directory}", file=sys.stderr,
-          flush=True)
-  progress.message(f"workdir {workdir}: {num_params:,} parameters, "
-                   + (f"resuming at step {start}" if start else "starting at step 0")
-                   + f" of {total}, {mesh.shape[sharding.DATA]} device(s)"
-                   + (" (FSDP)" if config.mesh.fsdp else "")
-                   + (f" x {sharding.seq_size(mesh)} along the sequence"
-                      if sharding.seq_size(mesh) > 1 else ""))
+    val = run.loop()
+  finally:
+    run.close()
+  return run.finish(val)
 
-  def run_eval(step):
-    res = evaluate(eval_fn, state, ds, mesh, eval_n)
-    if is_text:
+
+class _Run:
+  """The named steps of one run; :func:`_train` calls them in order.
+
+  :meth:`setup` places the state and builds the jitted steps, :meth:`restore` finds the
+  checkpoint to start from (or the finished result), :meth:`open_logs` starts the metric
+  writer and the progress line, :meth:`loop` trains (evaluating, saving and stopping on
+  the way) and returns the final validation result, :meth:`close` closes the writers and
+  the checkpointer, :meth:`finish` writes and returns the final metrics.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, ds, mesh, *,
+               verbose: bool, t_start: float):
+    self.config, self.workdir, self.ds, self.mesh = config, workdir, ds, mesh
+    self.tcfg = config.train
+    self.total = int(config.train.steps)
+    self.lead = jax.process_index() == 0
+    self.verbose, self.t_start = verbose, t_start
+    self.say = (lambda line: print(line, file=sys.stderr, flush=True)) if verbose and self.lead \
+        else (lambda line: None)
+
+  # -- setup: the sharded state and the jitted steps
+  def setup(self, model: nnx.Module, opt: nnx.Optimizer) -> None:
+    ds, mesh = self.ds, self.mesh
+    self.graphdef, state = nnx.split((model, opt))
+    self.state_sh = sharding.state_shardings(state, mesh, bool(self.config.mesh.fsdp))
+    self.state = jax.device_put(state, self.state_sh)
+    self.repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    # Per-field shardings need the fields' ranks, so a batch, only when the sequence is
+    # sharded (otherwise one row sharding fits every field, and the data stream sees no
+    # extra request).
+    self.batch_sh = (sharding.batch_sharding(mesh) if sharding.seq_size(mesh) == 1
+                     else sharding.batch_shardings(ds.batch(0, split="train"), mesh))
+    self.max_targets = getattr(ds, "max_targets_per_row", None)
+    self.accum = int(self.tcfg.get("accum_steps", 1))
+    self.train_fn, self.eval_fn = (sharding.under_mesh(f, mesh) for f in make_steps(
+        self.graphdef, ds.kind, self.state_sh, self.batch_sh, self.repl, self.max_targets,
+        self.accum))
+
+  # -- restore: the checkpoint to start from, or the finished run's result
+  def restore(self) -> dict | None:
+    """Returns the stored final metrics when the workdir already finished this run, else
+    None after restoring the newest checkpoint that loads into ``self.state``."""
+    workdir, tcfg, total = self.workdir, self.tcfg, self.total
+    # Compared before anything is written: a refused change leaves the workdir as it was.
+    self.changed = rundir.check_rerun_config(workdir, self.config,
+                                             ckpt_lib.newest_step_on_disk(workdir))
+    ckpt = self.ckpt = ckpt_lib.Checkpointer(workdir, tcfg.checkpoint_every,
+                                             tcfg.keep_checkpoints, tcfg.async_checkpoints)
+    try:
+      latest = ckpt.latest_step() or 0
+      done_before = load_final_metrics(workdir) if self.lead else None
+      finished = done_before is not None and not self.changed and (
+          (latest >= total and done_before.get("step") == total)
+          or (done_before.get("stopped_early") and done_before.get("step") == latest))
+      if finished:
+        ckpt.close()
+        if self.verbose and self.lead:
+          print(f"{workdir} already finished at step {done_before['step']}: "
+                f"{describe_final(done_before)}", flush=True)
+        return done_before
+      # The newest checkpoint that restores; damaged newer ones are set aside and said.
+      self.start, self.state = ckpt.restore_latest(self.state, say=self.say)
+    except BaseException:
+      ckpt.close()
+      raise
+    return None
+
+  # -- logs: config.json, the metric writer and the progress line
+  def open_logs(self, model: nnx.Module) -> None:
+    config, ds, mesh, workdir, start, total = (self.config, self.ds, self.mesh, self.workdir,
+                                               self.start, self.total)
+    if self.changed:
+      self.say(self.changed)
+    if self.lead:
+      rundir.write_config(workdir, config)
+    self.writer = metrics_lib.MetricWriter(workdir, start, enabled=self.lead, say=self.say)
+    self.schedule = optim.lr_schedule(config.optim, total)
+    self.num_params = models.count_params(model)
+    self.tokens_per_step = ds.batch_size * ds.seq_len
+    self.eval_n = int(self.tcfg.eval_batches) if self.tcfg.eval_batches > 0 else None
+    self.is_text = config.data.get("task") == "text"
+    self.progress = metrics_lib.Progress(total, start, enabled=self.verbose and self.lead)
+    if start and self.lead and not self.verbose:  # quiet (a sweep's point): the log still says it resumed
+      print(f"resuming at step {start} of {total} from {self.ckpt.directory}", file=sys.stderr,
+            flush=True)
+    self.progress.message(f"workdir {workdir}: {self.num_params:,} parameters, "
+                          + (f"resuming at step {start}" if start else "starting at step 0")
+                          + f" of {total}, {mesh.shape[sharding.DATA]} device(s)"
+                          + (" (FSDP)" if config.mesh.fsdp else "")
+                          + (f" x {sharding.seq_size(mesh)} along the sequence"
+                             if sharding.seq_size(mesh) > 1 else ""))
+
+  # -- evaluation
+  def run_eval(self, step: int) -> dict:
+    res = evaluate(self.eval_fn, self.state, self.ds, self.mesh, self.eval_n)
+    if self.is_text:
       res["bits_per_byte"] = res["loss"] / math.log(2)
-    writer.write(step, "validation", res)
-    progress.message(f"step {step}: validation " + "  ".join(f"{k} {v:.4f}" for k, v in res.items()))
+    self.writer.write(step, "validation", res)
+    self.progress.message(f"step {step}: validation "
+                          + "  ".join(f"{k} {v:.4f}" for k, v in res.items()))
     return res
 
-  stopped_at, last_eval = None, None
-  window = TrainWindow(ckpt.directory, ckpt.latest_step)
-  last_train: dict[str, float] = {}
-  per_dispatch = dispatch_steps(tcfg)
-  fused_fn = (sharding.under_mesh(make_fused_steps(
-      graphdef, ds.kind, state_sh, batch_sh, repl, getattr(ds, "max_targets_per_row", None)),
-      mesh) if per_dispatch > 1 else None)
-  compiled: set[str] = set()
+  # -- the loop
+  def loop(self) -> dict:
+    """Trains from ``self.start`` to the end (or an early stop); returns the validation
+    result the final metrics report."""
+    ds, mesh, tcfg, total, ckpt = self.ds, self.mesh, self.tcfg, self.total, self.ckpt
+    progress, writer, schedule = self.progress, self.writer, self.schedule
+    self.stopped_at, last_eval = None, None
+    window = TrainWindow(ckpt.directory, ckpt.latest_step)
+    self.last_train: dict[str, float] = {}
+    per_dispatch = dispatch_steps(tcfg)
+    fused_fn = (sharding.under_mesh(make_fused_steps(
+        self.graphdef, ds.kind, self.state_sh, self.batch_sh, self.repl, self.max_targets,
+        self.accum), mesh) if per_dispatch > 1 else None)
+    compiled: set[str] = set()
 
-  def chunk_end(step: int) -> int:
-    # Chunks end at multiples of ``per_dispatch``, which divides every logging, evaluation
-    # and checkpoint interval: each step where something happens ends a chunk.
-    return min((step // per_dispatch + 1) * per_dispatch, total)
+    def chunk_end(step: int) -> int:
+      # Chunks end at multiples of ``per_dispatch``, which divides every logging, evaluation
+      # and checkpoint interval: each step where something happens ends a chunk.
+      return min((step // per_dispatch + 1) * per_dispatch, total)
 
-  batches = _HostBatches(ds, chunk_end, prefetch=per_dispatch > 1)
+    batches = _HostBatches(ds, chunk_end, prefetch=per_dispatch > 1)
 
-  try:
     with _SigtermFlag() as sigterm, batches:
       # Said once the loop's handler is in place: from here a first Ctrl-C saves and exits 3.
       progress.message("compiling the training step...")
-      step = start
+      step = self.start
       while step < total:
         done = chunk_end(step)
         host = batches.get(step, done - step)
         if done - step == per_dispatch > 1:
           kind = "fused"
           stacked = {k: np.stack([b[k] for b in host]) for k in host[0]}
-          state, m = fused_fn(state, _put_steps(stacked, mesh))
+          self.state, m = fused_fn(self.state, _put_steps(stacked, mesh))
           window.add(done, m, per_dispatch)
         else:  # a chunk shorter than per_dispatch (a resumed or final one): one step at a time
           kind = "single"
           for i, one in enumerate(host):
-            state, m = train_fn(state, sharding.put_batch(one, mesh))
+            self.state, m = self.train_fn(self.state, sharding.put_batch(one, mesh))
             window.add(step + i + 1, m)
         if kind not in compiled:  # leave compilation out of tokens/s (the loss still counts)
           compiled.add(kind)
@@ -695,62 +821,69 @@ def _train(config: ml_collections.ConfigDict, workdir: str, ds, model: nnx.Modul
         if log_now or eval_now or save_now or window.num_pending >= 64:
           window.drain()  # every saved or logged state has passed the finiteness check
         if log_now and window.has_values:
-          last_train = window.summary(tokens_per_step, lr=float(schedule(done - 1)),
-                                      elapsed=time.time() - t_start)
-          writer.write(done, "train", last_train)
-          progress.update(done, last_train["loss"], last_train["tokens_per_s"])
+          self.last_train = window.summary(self.tokens_per_step, lr=float(schedule(done - 1)),
+                                           elapsed=time.time() - self.t_start)
+          writer.write(done, "train", self.last_train)
+          progress.update(done, self.last_train["loss"], self.last_train["tokens_per_s"])
         if eval_now:
           t_eval = time.time()
-          last_eval = run_eval(done)
+          last_eval = self.run_eval(done)
           window.exclude(time.time() - t_eval)  # evaluation time is not training throughput
           if early_stop_reached(tcfg, last_eval):
-            stopped_at = done
+            self.stopped_at = done
             progress.message(f"step {done}: validation {tcfg.early_stop_metric} reached "
                              f"{tcfg.early_stop_value}; stopping early")
             save_now = True
         if save_now:
           t_save = time.time()
-          ckpt.save(done, state, force=done == total or preempt or stopped_at is not None)
+          ckpt.save(done, self.state,
+                    force=done == total or preempt or self.stopped_at is not None)
           window.exclude(time.time() - t_save)  # nor is the (synchronous part of a) save
         if preempt:
           ckpt.wait_until_finished()
           raise PreemptedError(f"{sigterm.name} at step {done}; checkpoint saved in "
                                f"{ckpt.directory}. Rerun the same command to resume.")
-        if stopped_at is not None:
+        if self.stopped_at is not None:
           break
       window.drain()
-      if stopped_at is None and start >= total and total > 0 and ckpt.latest_step() != total:
-        ckpt.save(total, state, force=True)
+      if (self.stopped_at is None and self.start >= total and total > 0
+          and ckpt.latest_step() != total):
+        ckpt.save(total, self.state, force=True)
       # Still under the loop's handler: a stop while the last checkpoint is written waits
       # for it (outside, a signal exits at once and the write would be lost).
       ckpt.wait_until_finished()
-      if sigterm.set and stopped_at is None:  # (an early stop has only its metrics to write)
+      if sigterm.set and self.stopped_at is None:  # (an early stop has only its metrics to write)
         raise PreemptedError(f"{sigterm.name} at step {step}; checkpoint saved in "
                              f"{ckpt.directory}. Rerun the same command to resume.")
-    val = last_eval if stopped_at is not None else run_eval(total)
-  finally:
-    progress.close()
-    writer.flush()
-    writer.close()
-    ckpt.close()
+    return last_eval if self.stopped_at is not None else self.run_eval(total)
 
-  final = {"step": total if stopped_at is None else stopped_at, "num_params": num_params,
-           "elapsed": time.time() - t_start, "stopped_early": stopped_at is not None}
-  if not last_train:  # resumed after the last step: the last logged training window
-    last_train = (metrics_lib.read_metrics(workdir, "train") or [{}])[-1]
-  if "loss" in last_train:
-    final.update(train_loss=last_train["loss"], train_accuracy=last_train["accuracy"])
-  final.update({f"validation_{k}": v for k, v in val.items()})
-  if lead:
-    metrics_lib.write_json(os.path.join(workdir, FINAL_METRICS_FILE), final)
-    # The run finished: an error.log left by an interrupted attempt must not make the
-    # directory look failed (its text is kept in error.resolved.log).
-    rundir.resolve_error_log(workdir)
-  if verbose and lead:
-    unit = "nats/token" if ds.kind == "lm" else "nats/example"
-    line = f"final validation loss {val['loss']:.4f} {unit}  accuracy {val['accuracy']:.4f}"
-    if is_text:
-      line += f"  bits/byte {val['bits_per_byte']:.4f}"
-    print(line + f"  (metrics, checkpoints and TensorBoard logs in {workdir})", flush=True)
-  return final
+  def close(self) -> None:
+    self.progress.close()
+    self.writer.flush()
+    self.writer.close()
+    self.ckpt.close()
 
+  # -- finish: the final metrics
+  def finish(self, val: dict) -> dict:
+    workdir, lead, stopped_at = self.workdir, self.lead, self.stopped_at
+    final = {"step": self.total if stopped_at is None else stopped_at,
+             "num_params": self.num_params, "elapsed": time.time() - self.t_start,
+             "stopped_early": stopped_at is not None}
+    last_train = self.last_train
+    if not last_train:  # resumed after the last step: the last logged training window
+      last_train = (metrics_lib.read_metrics(workdir, "train") or [{}])[-1]
+    if "loss" in last_train:
+      final.update(train_loss=last_train["loss"], train_accuracy=last_train["accuracy"])
+    final.update({f"validation_{k}": v for k, v in val.items()})
+    if lead:
+      metrics_lib.write_json(os.path.join(workdir, FINAL_METRICS_FILE), final)
+      # The run finished: an error.log left by an interrupted attempt must not make the
+      # directory look failed (its text is kept in error.resolved.log).
+      rundir.resolve_error_log(workdir)
+    if self.verbose and lead:
+      unit = "nats/token" if self.ds.kind == "lm" else "nats/example"
+      line = f"final validation loss {val['loss']:.4f} {unit}  accuracy {val['accuracy']:.4f}"
+      if self.is_text:
+        line += f"  bits/byte {val['bits_per_byte']:.4f}"
+      print(line + f"  (metrics, checkpoints and TensorBoard logs in {workdir})", flush=True)
+    return final

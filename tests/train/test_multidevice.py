@@ -1,5 +1,5 @@
-"""Data parallelism, FSDP and batch-sharded decoding on 4 fake CPU devices match one device
-(run in a subprocess)."""
+"""Data parallelism, FSDP (also with gradient accumulation) and batch-sharded decoding on 4
+fake CPU devices match one device (run in a subprocess)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,11 @@ SCRIPT = textwrap.dedent("""
     assert sharding.fsdp_spec((6, 8), 4) == jax.sharding.PartitionSpec(None, "data")
     assert sharding.fsdp_spec((6,), 4) == jax.sharding.PartitionSpec()
     out = {}
-    for name, data, fsdp in [("single", 1, False), ("dp", 4, False), ("fsdp", 4, True)]:
-      cfg = fake_config(steps=4, eval_every=0, log_every=1, checkpoint_every=0)
+    # fsdp_accum: each device splits its 2 rows into 2 micro-batches (train.accum_steps).
+    for name, data, fsdp, accum in [("single", 1, False, 1), ("dp", 4, False, 1),
+                                    ("fsdp", 4, True, 1), ("fsdp_accum", 4, True, 2)]:
+      cfg = fake_config(steps=4, eval_every=0, log_every=1, checkpoint_every=0,
+                        accum_steps=accum)
       cfg.model.d_model = 32
       cfg.mesh.data, cfg.mesh.fsdp = data, fsdp
       wd = f"{WORKDIR}/{name}"
@@ -30,7 +33,7 @@ SCRIPT = textwrap.dedent("""
       losses = [r["loss"] for r in train.metrics.read_metrics(wd, "train")]
       params = [np.asarray(x) for x in jax.tree_util.tree_leaves(train.load_checkpoint(wd))]
       out[name] = (losses, res["validation_loss"], params)
-    for name in ("dp", "fsdp"):
+    for name in ("dp", "fsdp", "fsdp_accum"):
       np.testing.assert_allclose(out[name][0], out["single"][0], rtol=2e-5)
       np.testing.assert_allclose(out[name][1], out["single"][1], rtol=2e-5)
       for a, b in zip(out[name][2], out["single"][2]):
