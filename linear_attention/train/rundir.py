@@ -228,6 +228,21 @@ def config_changes(stored: Mapping[str, Any], new: Mapping[str, Any]) -> dict[st
   return {k: (old[k], v) for k, v in cur.items() if k in old and old[k] != v}
 
 
+def _unused_mixer_prefixes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """``model.mixer_kwargs.<name>.`` of every mixer the model does not build: options that
+  change no parameter (a directory written before they were refused may hold any)."""
+  model = config.get("model") or {}
+  kwargs = model.get("mixer_kwargs") or {}
+  if not kwargs or "mixer" not in model:
+    return ()
+  from linear_attention.train import trainer
+  try:
+    used = trainer.used_mixers(model)
+  except ValueError:
+    return ()
+  return tuple(f"model.mixer_kwargs.{n}." for n in kwargs if n not in used)
+
+
 def check_rerun_config(workdir: str, config: ml_collections.ConfigDict,
                        latest_step: int | None) -> str | None:
   """Compares ``config`` with the workdir's ``config.json`` before anything is written.
@@ -253,10 +268,16 @@ def check_rerun_config(workdir: str, config: ml_collections.ConfigDict,
         f"{path!r} is unreadable but checkpoints exist; cannot tell whether they match this "
         "config. Use another --workdir, or restore config.json.") from None
   changes = config_changes(stored, config_dict(config))
+  unused = _unused_mixer_prefixes(config)
+  changes = {k: v for k, v in changes.items() if not k.startswith(unused)}
   if not changes:
     return None
   frozen = {k: v for k, v in changes.items()
             if not k.startswith(RESUMABLE_FIELDS) or k in FROZEN_FIELDS}
+  if frozen and latest_step is None:  # nothing was trained with the stored config
+    listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changes.items()))
+    return (f"{workdir} has no checkpoint: starting over with the new config ({listed}); "
+            "config.json updated")
   if frozen:
     listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(frozen.items()))
     raise errors.ConfigChangedError(

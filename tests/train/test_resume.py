@@ -160,7 +160,7 @@ def test_non_finite_loss_before_the_first_checkpoint_says_how_to_start_over(tmp_
   msg = str(e.value)
   # Before: "The last checkpoint in .../checkpoints is from before it; try a lower
   # config.optim.lr", which the same workdir then refuses.
-  assert "No checkpoint was saved before it" in msg and "another --workdir" in msg, msg
+  assert "No checkpoint was saved before it" in msg and "starts over in" in msg, msg
   assert not os.listdir(tmp_path / "run" / "checkpoints")
   later = train.trainer.non_finite_message(5, float("nan"), 1.0, "/w/checkpoints", 4)
   assert "last checkpoint (step 4)" in later and "another --workdir" in later
