@@ -161,12 +161,15 @@ def base_config(task: str) -> ml_collections.ConfigDict:
 
 def apply_size(c: ml_collections.ConfigDict, s: Mapping[str, Any]) -> None:
   """Copies a size preset (``d_model, num_layers, num_heads, lr, warmup_steps, steps,
-  eval_every, eval_batches, log_every``) into ``c``; checkpoints every quarter of the run."""
+  eval_every, eval_batches, log_every``) into ``c``; checkpoints about every quarter of the
+  run, at a step that is logged (a multiple of ``log_every``), so that the checkpoint folders
+  carry the steps the progress lines and metrics show."""
   c.model.d_model, c.model.num_layers, c.model.num_heads = s["d_model"], s["num_layers"], s["num_heads"]
   c.optim.lr, c.optim.warmup_steps = s["lr"], s["warmup_steps"]
   c.train.steps, c.train.eval_every, c.train.eval_batches = s["steps"], s["eval_every"], s["eval_batches"]
   c.train.log_every = s["log_every"]
-  c.train.checkpoint_every = max(s["steps"] // 4, 1)
+  log = max(int(s["log_every"]), 1)
+  c.train.checkpoint_every = max(round(s["steps"] / 4 / log) * log, log)
 
 
 def apply_model_args(c: ml_collections.ConfigDict, args: ml_collections.ConfigDict) -> None:

@@ -210,8 +210,51 @@ def results_dir() -> pathlib.Path:
   """
   value = os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS
   if os.path.isabs(value) and value != DEFAULT_RESULTS:
-    return pathlib.Path(value)
-  return pathlib.Path(os.path.relpath(os.path.join(REPO_ROOT, value)))
+    out = pathlib.Path(value)
+  else:
+    out = pathlib.Path(os.path.relpath(os.path.join(REPO_ROOT, value)))
+  _explain_missing_results(out)
+  return out
+
+
+# Result files that another script than the study's own writes.
+_PRODUCERS = {"synthetic/mamba2_induction_probe.json": "experiments/probe_mamba2_induction.py",
+              "hybrid/diagnosis.json": "experiments/hybrid_diagnosis.py"}
+
+
+def missing_results_message(path: str | os.PathLike, results: str | os.PathLike) -> str | None:
+  """What a notebook says when ``path`` (under ``results``) does not exist: the file and the
+  command that writes it; None for a path outside ``results``."""
+  rel = os.path.relpath(os.path.abspath(path), os.path.abspath(results))
+  if rel.startswith(os.pardir):
+    return None
+  study = rel.split(os.sep)[0]
+  script = _PRODUCERS.get(rel.replace(os.sep, "/"))
+  if script:
+    how = f"`python {script} --out {os.path.join(results, study)}`"
+  else:
+    how = (f"`python experiments/run_studies.py --only {study}` (full size; add --smoke and "
+           f"set {RESULTS_ENV}=runs/smoke/studies for a quick run)")
+  return (f"results missing: {path} does not exist; it is written by {how}, or point "
+          f"{RESULTS_ENV} at the folder that holds your results.")
+
+
+def _explain_missing_results(results: pathlib.Path) -> None:
+  """In a notebook (IPython), a ``FileNotFoundError`` for a file under ``results`` shows
+  :func:`missing_results_message` instead of its traceback."""
+  try:
+    ip = get_ipython()  # noqa: F821 -- defined only inside IPython
+  except NameError:
+    return
+
+  def handler(shell, etype, value, tb, tb_offset=None):
+    msg = missing_results_message(getattr(value, "filename", "") or "", results)
+    if msg is None:
+      return shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    print(msg, file=sys.stderr)
+    return [msg]
+
+  ip.set_custom_exc((FileNotFoundError,), handler)
 
 COLUMNS = ("study", "claim", "source", "published", "ours", "verdict", "reason")
 REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED = (

@@ -179,6 +179,9 @@ def execute_notebook(name: str, results: str | None, out_dir: str,
     os.environ.pop("LA_RESULTS_DIR", None)
   else:
     os.environ["LA_RESULTS_DIR"] = os.path.abspath(results)
+  for cell in nb.cells:  # a failed run must not leave the last run's outputs below it
+    if cell.cell_type == "code":
+      cell.outputs, cell.execution_count = [], None
   client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
                                    resources={"metadata": {"path": NOTEBOOKS}})
   error = None

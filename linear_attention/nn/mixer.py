@@ -15,6 +15,7 @@ cached activations (keys and values of the attention caches).
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from typing import Any
 
@@ -61,11 +62,46 @@ def check_divisible(name: str, value: int, by_name: str, by: int) -> None:
     raise ValueError(f"{name}={value} must be divisible by {by_name}={by}.")
 
 
+# Options that several layers share, checked once by name (None: the layer computes it).
+_POSITIVE_INTS = frozenset((
+    "chunk_size", "d_state", "conv_width", "gate_low_rank", "mix_low_rank", "decay_low_rank",
+    "a_low_rank", "num_householder", "num_levels", "ngroups", "qkv_block_size", "feature_dim",
+    "block_size", "window", "head_dim", "num_kv_heads", "num_features", "proj_len", "max_len",
+    "lru_width", "dt_rank", "num_window_blocks"))
+_NON_NEGATIVE_INTS = frozenset(("seed", "num_global", "num_global_blocks", "num_random_blocks"))
+_POSITIVE_NUMBERS = frozenset((
+    "norm_eps", "dt_min", "dt_max", "dt_init_floor", "rope_base", "c", "gate_logit_normalizer",
+    "a_init_scale", "expand", "expand_k", "expand_v"))
+
+
+def check_options(layer: str, options: dict) -> None:
+  """Raises a ``ValueError`` naming ``layer`` and the option when one of the shared options
+  in ``options`` is out of its range (a non-positive size or epsilon gives a shape error or
+  NaN much later, far from its cause)."""
+  for name, value in options.items():
+    if value is None:
+      continue
+    if name in _POSITIVE_INTS or name in _NON_NEGATIVE_INTS:
+      low = 1 if name in _POSITIVE_INTS else 0
+      try:
+        ok = not isinstance(value, bool) and operator.index(value) >= low
+      except TypeError:
+        ok = False
+      if not ok:
+        raise ValueError(f"{layer} option {name} must be an int >= {low}, got {value!r}.")
+    elif name in _POSITIVE_NUMBERS:
+      ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+      if not ok:
+        raise ValueError(f"{layer} option {name} must be a finite number > 0, got {value!r}.")
+
+
 def _checked_init(init):
   @functools.wraps(init)
   def wrapper(self, d_model, num_heads=1, *args, **kwargs):
     check_positive("d_model", d_model)
     check_positive("num_heads", num_heads)
+    check_options(type(self).__name__, kwargs)
     init(self, d_model, num_heads, *args, **kwargs)
     self.d_model = d_model
   wrapper._mixer_checked = True

@@ -105,6 +105,31 @@ def _wait_until_quiet(stream: io.StringIO, quiet_s: float = 0.2, limit_s: float 
     time.sleep(quiet_s)
 
 
+_READ_ONLY_NOTES = ("read_only=True, setting", "Given directory is read only")
+
+
+class _DropMessages(logging.Filter):
+  def __init__(self, fragments):
+    super().__init__()
+    self.fragments = fragments
+
+  def filter(self, record):
+    text = record.getMessage()
+    return not any(f in text for f in self.fragments)
+
+
+@contextlib.contextmanager
+def _absl_filtered(fragments):
+  """Drops absl log records containing any of ``fragments`` while the block runs."""
+  f = _DropMessages(fragments)
+  log = logging.getLogger("absl")
+  log.addFilter(f)
+  try:
+    yield
+  finally:
+    log.removeFilter(f)
+
+
 class Checkpointer:
   """Thin wrapper over ``ocp.CheckpointManager`` for one pytree of arrays.
 
@@ -123,8 +148,11 @@ class Checkpointer:
     self.read_only = read_only
     self._last_save: int | None = None  # the step an asynchronous failure most likely hit
     if read_only:
-      self._options = ocp.CheckpointManagerOptions(read_only=True)
-      self.manager = ocp.CheckpointManager(self.directory, options=self._options)
+      # Orbax warns three times that a read-only manager creates and saves nothing, which
+      # is what was asked (every sample_text and load_checkpoint printed them).
+      with _absl_filtered(_READ_ONLY_NOTES):
+        self._options = ocp.CheckpointManagerOptions(read_only=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=self._options)
       return
     policies = [ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
     if every > 0:  # no save at the first step (orbax's default adds one)

@@ -9,6 +9,7 @@ imports JAX, so the command line and the sweep runner can use it before the heav
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -88,9 +89,11 @@ class WorkdirLock:
 
   The kernel drops the lock when its process dies, however it dies, so a lock left by a
   killed run is free for the next one (and said to be taken over). The file names its
-  holder (``pid``, host, start time, command) so that a refused run can name it; it is
-  emptied at a clean release and never deleted (deleting a lock file that another
-  process has just opened would give two holders).
+  holder (``pid``, host, start time, command) so that a refused run can name it. It is
+  removed when the ``with`` block ends without an error (a finished run leaves no lock
+  file) and emptied otherwise. Removal is safe against a process that opened the file just
+  before: it is unlinked while still locked, and :meth:`acquire` retries when the file it
+  locked is no longer the one at the path.
 
   Raises (on ``acquire`` / ``__enter__``):
     WorkdirLockedError: another process holds the lock (naming it).
@@ -113,6 +116,18 @@ class WorkdirLock:
       return None
 
   def acquire(self) -> "WorkdirLock":
+    while True:
+      fd = self._lock_once()
+      try:
+        same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+      except FileNotFoundError:
+        same = False
+      if same:
+        break
+      os.close(fd)  # its holder removed the file after this process opened it: open anew
+    return self._record(fd)
+
+  def _lock_once(self) -> int:
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -128,6 +143,9 @@ class WorkdirLock:
           f"{self.what} {os.path.dirname(self.path)!r} is in use by {who}"
           f"{self.held_by}; wait for it to finish or stop it, or use another --workdir."
       ) from None
+    return fd
+
+  def _record(self, fd: int) -> "WorkdirLock":
     prev = self.holder()
     if prev and prev.get("pid") and not (prev.get("host") == socket.gethostname()
                                          and prev.get("pid") == os.getpid()):
@@ -141,11 +159,15 @@ class WorkdirLock:
     self._fd = fd
     return self
 
-  def release(self) -> None:
+  def release(self, remove: bool = False) -> None:
+    """Frees the lock; ``remove`` deletes the file (while still holding it)."""
     if self._fd is None:
       return
     try:
       os.ftruncate(self._fd, 0)  # an empty file: released cleanly, nothing to take over
+      if remove:
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(self.path)
     finally:
       fcntl.flock(self._fd, fcntl.LOCK_UN)
       os.close(self._fd)
@@ -154,8 +176,8 @@ class WorkdirLock:
   def __enter__(self) -> "WorkdirLock":
     return self.acquire()
 
-  def __exit__(self, *exc) -> None:
-    self.release()
+  def __exit__(self, exc_type, *exc) -> None:
+    self.release(remove=exc_type is None)
 
 
 def describe_takeover(record: Mapping[str, Any]) -> str:
@@ -229,6 +251,21 @@ def config_changes(stored: Mapping[str, Any], new: Mapping[str, Any]) -> dict[st
   return {k: (old[k], v) for k, v in cur.items() if k in old and old[k] != v}
 
 
+def _unused_mixer_prefixes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """``model.mixer_kwargs.<name>.`` of every mixer the model does not build: options that
+  change no parameter (a directory written before they were refused may hold any)."""
+  model = config.get("model") or {}
+  kwargs = model.get("mixer_kwargs") or {}
+  if not kwargs or "mixer" not in model:
+    return ()
+  from linear_attention.train import trainer
+  try:
+    used = trainer.used_mixers(model)
+  except ValueError:
+    return ()
+  return tuple(f"model.mixer_kwargs.{n}." for n in kwargs if n not in used)
+
+
 def check_rerun_config(workdir: str, config: ml_collections.ConfigDict,
                        latest_step: int | None) -> str | None:
   """Compares ``config`` with the workdir's ``config.json`` before anything is written.
@@ -254,10 +291,16 @@ def check_rerun_config(workdir: str, config: ml_collections.ConfigDict,
         f"{path!r} is unreadable but checkpoints exist; cannot tell whether they match this "
         "config. Use another --workdir, or restore config.json.") from None
   changes = config_changes(stored, config_dict(config))
+  unused = _unused_mixer_prefixes(config)
+  changes = {k: v for k, v in changes.items() if not k.startswith(unused)}
   if not changes:
     return None
   frozen = {k: v for k, v in changes.items()
             if not k.startswith(RESUMABLE_FIELDS) or k in FROZEN_FIELDS}
+  if frozen and latest_step is None:  # nothing was trained with the stored config
+    listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changes.items()))
+    return (f"{workdir} has no checkpoint: starting over with the new config ({listed}); "
+            "config.json updated")
   if frozen:
     listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(frozen.items()))
     raise errors.ConfigChangedError(

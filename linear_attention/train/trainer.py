@@ -47,16 +47,9 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 # ----------------------------------------------------------------------------- model
 
 
-def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
+def _build_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
                  num_classes: int | None, seed: int) -> nnx.Module:
-  """The model named by ``config.model``: a ``LanguageModel`` (kind ``"lm"``) or a
-  ``SequenceClassifier`` (kind ``"classify"``).
-
-  ``mcfg.pattern`` (hybrid letters such as ``"RRA"``) wins over ``mcfg.mixer`` when non-empty.
-
-  Raises:
-    ValueError: unknown mixer or pattern letter (listing the valid ones), bad sizes.
-  """
+  """:func:`create_model`'s model, initialised op by op (or abstractly under ``eval_shape``)."""
   if kind not in ("lm", "classify"):
     raise ValueError(f"dataset kind must be 'lm' or 'classify', got {kind!r}.")
   if mcfg["dtype"] not in DTYPES:
@@ -74,14 +67,26 @@ def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
                 param_dtype=DTYPES[param_dtype],
                 remat=mcfg.get("remat", "none"), scan_layers=bool(mcfg.get("scan_layers", False)))
   num_layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
+  rngs = nnx.Rngs(params=seed)
+  if kind == "lm":
+    return models.LanguageModel(vocab_size, mcfg["d_model"], num_layers,
+                                tie_embeddings=mcfg["tie_embeddings"], rngs=rngs, **common)
+  return models.SequenceClassifier(vocab_size, num_classes, mcfg["d_model"], num_layers,
+                                   pooling=mcfg["pooling"], rngs=rngs, **common)
 
+
+def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
+                 num_classes: int | None, seed: int) -> nnx.Module:
+  """The model named by ``config.model``: a ``LanguageModel`` (kind ``"lm"``) or a
+  ``SequenceClassifier`` (kind ``"classify"``).
+
+  ``mcfg.pattern`` (hybrid letters such as ``"RRA"``) wins over ``mcfg.mixer`` when non-empty.
+
+  Raises:
+    ValueError: unknown mixer or pattern letter (listing the valid ones), bad sizes.
+  """
   def build():
-    rngs = nnx.Rngs(params=seed)
-    if kind == "lm":
-      return models.LanguageModel(vocab_size, mcfg["d_model"], num_layers,
-                                  tie_embeddings=mcfg["tie_embeddings"], rngs=rngs, **common)
-    return models.SequenceClassifier(vocab_size, num_classes, mcfg["d_model"], num_layers,
-                                     pooling=mcfg["pooling"], rngs=rngs, **common)
+    return _build_model(mcfg, vocab_size, kind, num_classes, seed)
 
   # The parameters are initialised by one compiled program: op by op, the initialisers
   # dispatched hundreds of small programs (about 2.7 s of a smoke-size trainer's start), and
@@ -545,9 +550,8 @@ def non_finite_message(step: int, loss: float, grad_norm: float, directory: str,
           f"norm {grad_norm}); stopping without saving this state.")
   workdir = os.path.dirname(directory)
   if last_checkpoint is None:
-    return (f"{head} No checkpoint was saved before it. To start over with a lower "
-            f"config.optim.lr or a smaller config.optim.clip_norm, use another --workdir (or "
-            f"delete {workdir}: its config.json fixes the optimiser settings).")
+    return (f"{head} No checkpoint was saved before it: rerun with a lower config.optim.lr "
+            f"or a smaller config.optim.clip_norm, and the run starts over in {workdir}.")
   return (f"{head} The last checkpoint (step {last_checkpoint}) in {directory} is from before "
           f"it; rerunning resumes there with the same settings. To change config.optim.lr or "
           f"config.optim.clip_norm, start over in another --workdir (config.json in {workdir} "
@@ -583,6 +587,130 @@ def early_stop_reached(tcfg: Mapping[str, Any], res: Mapping[str, float]) -> boo
   return res[metric] >= value if metric == "accuracy" else res[metric] <= value
 
 
+def check_run(config: ml_collections.ConfigDict, dataset=None, *, abstract: bool = False):
+  """Every check a run makes before it writes anything: the config's fields, the dataset,
+  the model and every layer option (by tracing one training step on abstract inputs, which
+  reaches the checks that the ops make at trace time), the mesh and the first batch.
+
+  Args:
+    config: the run's ConfigDict.
+    dataset: as in :func:`train_and_evaluate`.
+    abstract: build the model and optimizer with ``nnx.eval_shape`` (no parameter values;
+      for checking a config without training it).
+
+  Returns:
+    ``(dataset, model, optimizer, mesh)``.
+
+  Raises:
+    ConfigError (a ValueError): the first problem found, in one line.
+  """
+  try:
+    _check_config(config)
+    check_mixer_kwargs(config.model)
+    if dataset is None:
+      from linear_attention import data  # the trainer's tests can run without the task code
+      dataset = data.make_dataset(config.data)
+    ds = dataset
+    if abstract:
+      model, opt = nnx.eval_shape(lambda: _model_and_optimizer(config, ds, build=False))
+    else:
+      model, opt = _model_and_optimizer(config, ds)
+    mesh = sharding.make_mesh(config.mesh)
+    if ds.batch_size % mesh.shape[sharding.DATA]:
+      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
+                       f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
+    accum = int(config.train.get("accum_steps", 1))
+    if ds.batch_size % (mesh.shape[sharding.DATA] * accum):
+      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by "
+                       f"config.train.accum_steps ({accum}) times the "
+                       f"{mesh.shape[sharding.DATA]} devices of the data axis: each device "
+                       "splits its rows into accum_steps micro-batches.")
+    check_context_parallel(model, ds, mesh)
+    first = ds.batch(0, split="train")
+    check_batch(first, ds, 0, "train")
+    check_first_step(model, opt, ds, mesh, first, accum_steps=accum)
+  except errors.ConfigError:
+    raise
+  except (ValueError, ModuleNotFoundError) as e:  # all of it refused before anything written
+    raise errors.ConfigError(str(e)) from e
+  return ds, model, opt, mesh
+
+
+def _model_and_optimizer(config: ml_collections.ConfigDict, ds, build: bool = True):
+  make = create_model if build else _build_model
+  model = make(config.model, ds.vocab_size, ds.kind, ds.num_classes, int(config.train.seed))
+  return model, optim.make_optimizer(model, config.optim, int(config.train.steps))
+
+
+def check_first_step(model: nnx.Module, opt: nnx.Optimizer, ds, mesh,
+                     batch: Mapping[str, np.ndarray], accum_steps: int = 1) -> None:
+  """Traces one training step on abstract inputs (``jax.eval_shape``: nothing computed or
+  compiled), under the mesh as the real step is, so that a layer option the ops check
+  only at trace time (a chunk size, a form, a window wider than a shard) fails here.
+
+  Raises:
+    ValueError: from the layer or op that refused its option.
+  """
+  graphdef, state = nnx.split((model, opt))
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state)
+  batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) for k, v in batch.items()}
+  step = _train_step_fn(graphdef, ds.kind, getattr(ds, "max_targets_per_row", None),
+                        accum_steps)
+  with sharding.mesh_context(mesh):
+    jax.eval_shape(step, shapes, batch)
+
+
+def check_mixer_kwargs(mcfg: Mapping[str, Any]) -> None:
+  """Refuses options of mixers the model does not use: they would change nothing, yet be
+  stored in ``config.json`` and block a later resume without them.
+
+  Raises:
+    ValueError: naming every such ``config.model.mixer_kwargs.<mixer>.<option>``, its value
+      and default, and the mixers the model uses.
+  """
+  from linear_attention.nn import registry
+  mk = mcfg.get("mixer_kwargs") or {}
+  mk = mk.to_dict() if isinstance(mk, ml_collections.ConfigDict) else dict(mk)
+  used = used_mixers(mcfg)
+  defaults = _mixer_option_defaults()
+  bad = []
+  for name, opts in sorted(mk.items()):
+    if name in used or name not in registry.MIXERS:  # unknown names: the model refuses them
+      continue
+    for k, v in sorted(dict(opts or {}).items()):
+      if k not in defaults.get(name, {}) or v != defaults[name][k]:
+        bad.append(f"config.model.mixer_kwargs.{name}.{k}={v!r}")
+  if bad:
+    raise ValueError(f"{', '.join(bad)} set(s) an option of a mixer this model does not use "
+                     f"(its mixers: {sorted(used)}); drop it, or set config.model.mixer / "
+                     "config.model.pattern to a model that uses it.")
+
+
+def used_mixers(mcfg: Mapping[str, Any]) -> set[str]:
+  """The registry names of the mixers the model of ``config.model`` builds."""
+  pattern = mcfg.get("pattern") or None
+  if pattern is None:
+    return {mcfg["mixer"]}
+  layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
+  return set(models.resolve_pattern(layers, None, pattern))
+
+
+_OPTION_DEFAULTS: dict = {}
+
+
+def _mixer_option_defaults() -> dict:
+  """``{mixer: {option: default}}`` as the configs declare them (cached)."""
+  if not _OPTION_DEFAULTS:
+    from linear_attention.nn import registry
+    import inspect
+    for name in registry.MIXERS:
+      s = registry.spec(name)
+      params = inspect.signature(s.cls.__init__).parameters
+      _OPTION_DEFAULTS[name] = {k: s.defaults.get(k, params[k].default)
+                                for k in registry.mixer_kwargs(name)}
+  return _OPTION_DEFAULTS
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, dataset=None,
                        verbose: bool = True) -> dict:
   """Trains and evaluates the model of ``config``, resuming from ``workdir`` if possible.
@@ -614,31 +742,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, datas
       complete).
   """
   t_start = time.time()
+  ds, model, opt, mesh = check_run(config, dataset)
   try:
-    _check_config(config)
-    if dataset is None:
-      from linear_attention import data  # the trainer's tests can run without the task code
-      dataset = data.make_dataset(config.data)
-    ds = dataset
-    model = create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
-                         int(config.train.seed))
-    opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
-    mesh = sharding.make_mesh(config.mesh)
-    if ds.batch_size % mesh.shape[sharding.DATA]:
-      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
-                       f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
-    accum = int(config.train.get("accum_steps", 1))
-    if ds.batch_size % (mesh.shape[sharding.DATA] * accum):
-      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by "
-                       f"config.train.accum_steps ({accum}) times the "
-                       f"{mesh.shape[sharding.DATA]} devices of the data axis: each device "
-                       "splits its rows into accum_steps micro-batches.")
-    check_context_parallel(model, ds, mesh)
-    check_batch(ds.batch(0, split="train"), ds, 0, "train")
     workdir = prepare_workdir(workdir)  # only now, after everything above validated
   except errors.ConfigError:
     raise
-  except (ValueError, ModuleNotFoundError) as e:  # all of it refused before anything written
+  except (ValueError, ModuleNotFoundError) as e:
     raise errors.ConfigError(str(e)) from e
   lead = jax.process_index() == 0
   # One run per workdir: the lock is held until this process returns or dies.

@@ -116,3 +116,37 @@ def test_random_features_on_huge_inputs_name_q_or_k(feature_map):
       ops.linear_attention(q, k, small, feature_map=feature_map, key=key)
   out = ops.linear_attention(small, small, small, feature_map=feature_map, key=key)
   assert bool(jnp.all(jnp.isfinite(out)))
+
+
+# ----------------------------------------------------------------------------- issue 41 item 8
+
+
+def _parts_with_one_wrong(shapes):
+  """Every multi-part state of ``shapes`` with exactly one part one rank short."""
+  good = [jnp.zeros(s, jnp.float32) for s in shapes]
+  for i, s in enumerate(shapes):
+    parts = list(good)
+    parts[i] = jnp.zeros(s[:-1] if len(s) > 1 else s + (1,), jnp.float32)
+    yield i, tuple(parts)
+
+
+@pytest.mark.parametrize("shapes", [
+    [(1, 2, 3, 4), (1, 2, 3), (1, 2)],   # mlstm_step: (C, n, m)
+    [(1, 2, 3, 3, 4), (1,)],             # loglinear_*_step: (S, position)
+])
+def test_check_step_state_first_refuses_one_wrongly_ranked_part(shapes):
+  """Each part is checked (with ``any`` in place of ``all`` this passes a wrong part)."""
+  ranks = [len(s) for s in shapes]
+  common.check_step_state_first(tuple(jnp.zeros(s) for s in shapes), "S", *ranks)
+  for i, state in _parts_with_one_wrong(shapes):
+    with pytest.raises(ValueError, match=r"^state \(the first argument"):
+      common.check_step_state_first(state, "S", *ranks)
+
+
+def test_mlstm_step_names_a_state_with_one_wrongly_ranked_part():
+  b, h, k, v = 1, 2, 3, 4
+  q = jnp.ones((b, h, k))
+  gates = jnp.zeros((b, h))
+  for i, state in _parts_with_one_wrong([(b, h, k, v), (b, h, k), (b, h)]):
+    with pytest.raises(ValueError, match=r"^state \(the first argument"):
+      ops.mlstm_step(state, q, q, jnp.ones((b, h, v)), gates, gates)

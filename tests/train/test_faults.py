@@ -253,16 +253,17 @@ def test_cli_exit_codes_and_one_error_line(tmp_path):
   wd.mkdir()
   stored = {"model": {"d_model": 64}, "data": {"task": "mqar"}}
   (wd / "config.json").write_text(json.dumps(stored))
+  # A checkpoint exists (without one, the changed run would start over).
+  (wd / "checkpoints" / "7" / "default").mkdir(parents=True)
   p = subprocess.run(_main(wd, "--config.train.steps=2"), cwd=ROOT, capture_output=True,
                      text=True, timeout=TIMEOUT)
   assert p.returncode == errors.EXIT_CONFIG, p.stderr[-2000:]
   last = p.stderr.strip().splitlines()[-1]
   assert last.startswith("error: config differs") and "model.d_model 64 -> 16" in last
   assert json.loads((wd / "config.json").read_text()) == stored
-  assert sorted(os.listdir(wd)) == ["config.json", "run.lock"]
+  assert sorted(os.listdir(wd)) == ["checkpoints", "config.json", "run.lock"]
   # 1: no checkpoint restores; the traceback goes to error.log, one line to the terminal.
   (wd / "config.json").unlink()
-  (wd / "checkpoints" / "7" / "default").mkdir(parents=True)
   (wd / "checkpoints" / "7" / "default" / "_METADATA").write_text("garbage")
   bad = subprocess.run(_main(wd, "--config.train.steps=2"), cwd=ROOT, capture_output=True,
                        text=True, timeout=TIMEOUT)

@@ -49,7 +49,7 @@ def _copy(finished_run, tmp_path, unfinish=True):
 # ----------------------------------------------------------------------------- bug 1
 
 
-@pytest.mark.parametrize("how", ["no_default", "empty_step", "two_steps"])
+@pytest.mark.parametrize("how", ["no_default", "empty_step", "empty_default", "two_steps"])
 def test_newest_checkpoint_without_its_data_falls_back(finished_run, tmp_path, capfd, how):
   wd, cfg, final = _copy(finished_run, tmp_path)
   ck = wd / "checkpoints"
@@ -58,6 +58,9 @@ def test_newest_checkpoint_without_its_data_falls_back(finished_run, tmp_path, c
   elif how == "empty_step":
     shutil.rmtree(ck / "8")
     os.mkdir(ck / "8")
+  elif how == "empty_default":  # rm -r <workdir>/checkpoints/8/default/*
+    shutil.rmtree(ck / "8" / "default")
+    os.mkdir(ck / "8" / "default")
   else:
     shutil.rmtree(ck / "8" / "default")
     shutil.rmtree(ck / "6" / "default")
@@ -69,6 +72,9 @@ def test_newest_checkpoint_without_its_data_falls_back(finished_run, tmp_path, c
   resumed = 4 if how == "two_steps" else 6
   assert len(said) == 1, err  # one warning naming every skipped step
   assert all(s in said[0] for s in skipped) and f"resuming from step {resumed}" in said[0]
+  # The reason is the trainer's own check, not orbax's error (which also falls back).
+  why = "is empty" if how == "empty_default" else "is missing"
+  assert f"its data folder {os.path.join('8', 'default')}/ {why}" in said[0], said[0]
   for k in ("train_loss", "validation_loss"):
     assert res[k] == final[k], k
   assert sorted(os.listdir(wd / "checkpoints_unreadable")) == sorted(skipped)
@@ -160,7 +166,7 @@ def test_non_finite_loss_before_the_first_checkpoint_says_how_to_start_over(tmp_
   msg = str(e.value)
   # Before: "The last checkpoint in .../checkpoints is from before it; try a lower
   # config.optim.lr", which the same workdir then refuses.
-  assert "No checkpoint was saved before it" in msg and "another --workdir" in msg, msg
+  assert "No checkpoint was saved before it" in msg and "starts over in" in msg, msg
   assert not os.listdir(tmp_path / "run" / "checkpoints")
   later = train.trainer.non_finite_message(5, float("nan"), 1.0, "/w/checkpoints", 4)
   assert "last checkpoint (step 4)" in later and "another --workdir" in later
