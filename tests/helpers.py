@@ -90,13 +90,15 @@ def grads_of(fn, args, argnums, cotangent_key=0):
 
 
 def load_experiment(name: str):
-  """The module ``experiments/<name>.py`` (a script folder, not a package), loaded once."""
+  """The script ``experiments/<folder>/<name>.py`` (script folders, not packages), loaded once."""
   import importlib.util
   import pathlib
   import sys
   key = f"la_experiment_{name}"
   if key not in sys.modules:
-    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    found = sorted((pathlib.Path(ROOT) / "experiments").glob(f"*/{name}.py"))
+    assert len(found) == 1, f"experiments/*/{name}.py: found {found}"
+    path = found[0]
     spec = importlib.util.spec_from_file_location(key, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[key] = mod

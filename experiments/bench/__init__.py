@@ -1,4 +1,4 @@
-"""The op benchmark behind ``experiments/bench_ops.py`` (the command line).
+"""The op benchmark behind ``experiments/bench/bench_ops.py`` (the command line).
 
 - ``cases.py``: the cases, declared (op, inputs by shape, keyword arguments, FLOP count,
   lengths, group); a new op's case goes there.
