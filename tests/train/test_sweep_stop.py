@@ -67,7 +67,7 @@ def fake_trainers(tmp_path, monkeypatch):
   def command(config_arg, workdir, overrides, extra_flags=()):
     return [sys.executable, str(script), workdir, overrides["mode"], str(overrides["step"])]
 
-  monkeypatch.setattr(sweep, "point_command", command)
+  monkeypatch.setattr(sweep.runner, "point_command", command)
   return tmp_path / "sweep"
 
 
