@@ -33,7 +33,7 @@ the same command again resumes.
     python experiments/studies/run_studies.py --dry-run                # print the commands
     python experiments/studies/run_studies.py --collect --only mqar    # what has finished so far
     python experiments/studies/run_studies.py --smoke                  # tiny, into runs/smoke/studies
-    python experiments/studies/run_studies.py --smoke --results /tmp/la  # tiny, outside the repo
+    python experiments/studies/run_studies.py --smoke --results ../la-smoke  # tiny, outside the repo
 
 The full sizes take hours on 2 CPU cores: MQAR's 48-point grid at its first
 learning rate alone took about 12 process-hours here (one XLA thread per run,

@@ -12,7 +12,7 @@ The checks that need 4 devices run in one subprocess (``XLA_FLAGS=
   gradient leaf (the sharded path sums the per-device states in another order);
 - packed segments through the halo convolution and all-gather attention (boundaries
   inside a slice and on a slice edge), outputs and gradients, same tolerance (the
-  engine's segments are covered by ``tests/ops/test_sequence_parallel.py``);
+  engine's segments are covered by the conformance suite's context check);
 - (the trainer's ``mesh.seq=2`` against ``mesh.seq=1`` is in
   ``test_context_parallel_trainer.py``);
 - the errors: an unsupported mixer, ``seq`` not dividing ``T`` or the device count.
