@@ -12,7 +12,7 @@ also timed (median of ``--steps`` after the compiling one).
 
 The devices are fake (``--xla_force_host_platform_device_count``): they share the host's
 cores, so step times do not speed up with ``seq``; they show the cost of the collectives
-and the per-device work, and memory is the measure. Writes ``results/bench_scale_cpu.json``
+and the per-device work, and memory is the measure. Writes ``runs/results/bench_scale_cpu.json``
 (``--out``) and prints a table; rows of other mixers already in that file are kept, so runs
 of different mixers at different sizes add up in one file.
 
@@ -24,7 +24,8 @@ Part (a), ``--part a``: the cost of real cross-process collectives. The trainer'
 (``python -m linear_attention.main``, the MQAR model at d 64, 2 layers, T 256, batch 16) runs
 as one process holding 2 CPU devices and as 2 processes of one device each on localhost
 (Gloo all-reduces), with data parallelism and with FSDP; tokens/s is the median of the
-trainer's own logged windows after the first. Writes ``results/bench_scale_processes_cpu.json``.
+trainer's own logged windows after the first. Writes ``runs/results/bench_scale_processes_cpu.json``
+(``--out results/...`` for the committed files).
 
   python experiments/bench/bench_scale.py --part a
 """

@@ -268,7 +268,9 @@ def main(argv=None):
   p.add_argument("--noncausal-only", action="store_true")
   p.add_argument("--chunk-size", type=int, default=64)
   p.add_argument("--out", default=None,
-                 help="results folder (default: results/studies/approximation; runs/smoke/studies/approximation with --smoke)")
+                 help="results folder (default: runs/results/studies/approximation; "
+                      "runs/smoke/studies/approximation with --smoke; the committed one "
+                      "only when named: --out results/studies/approximation)")
   p.add_argument("--smoke", action="store_true", help="tiny sizes, for CI (seconds)")
   a = p.parse_args(argv)
   a.out = a.out or su.default_out("approximation", a.smoke)

@@ -433,7 +433,8 @@ def main(argv=None):
   p.add_argument("--shared-machine", action="store_true",
                  help="record that other jobs shared the CPU during the run")
   p.add_argument("--out", default=None,
-                 help="results folder (default: results/studies/cost; runs/smoke/studies/cost with --smoke)")
+                 help="results folder (default: runs/results/studies/cost; runs/smoke/studies/cost "
+                      "with --smoke; the committed one only when named: --out results/studies/cost)")
   p.add_argument("--smoke", action="store_true", help="tiny sizes, for CI (under a minute)")
   p.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
   p.add_argument("--decode-worker", nargs=4, help=argparse.SUPPRESS)
