@@ -109,7 +109,8 @@ def main(argv=None) -> int:
   lacking = missing(args.python, targets)
   if lacking:
     print(f"compile_report: {args.python} lacks {'; '.join(lacking)}. Install them "
-          "(pip install 'jax[cuda13]>=0.11' libtpu) or name an interpreter that has them "
+          "(pip install 'jax>=0.11' jax-cuda13-plugin jax-cuda13-pjrt libtpu; Python 3.12), or "
+          "name an interpreter that has them "
           "with --python; nothing was compiled or written.", file=sys.stderr)
     return 2
   env_jax = subprocess.run([args.python, "-c", "import jax; print(jax.__version__)"],
