@@ -141,3 +141,20 @@ def test_no_tracked_file_holds_a_machine_path():
       if MACHINE_PATH.search(line):
         offenders.append(f"{rel}:{i}: {line.strip()[:120]}")
   assert not offenders, "machine paths in tracked files:\n" + "\n".join(offenders)
+
+
+def test_compile_report_says_at_once_what_it_lacks(tmp_path):
+  """Without jax >= 0.11 and the compile plugins: exit 2 in seconds, naming each, nothing
+  written (it used to fail every case after minutes and overwrite the committed report)."""
+  python = tmp_path / "python"
+  python.write_text("#!/bin/sh\necho 0.10.2\necho\n")  # an interpreter with old jax, no plugins
+  python.chmod(0o755)
+  out = tmp_path / "report.json"
+  p = subprocess.run([sys.executable, "experiments/checks/compile_report.py", "--python",
+                      str(python), "--out", str(out)], cwd=helpers.ROOT, capture_output=True,
+                     text=True, timeout=120)
+  assert p.returncode == 2, p.stderr
+  for need in ("jax >= 0.11 (found 0.10.2)", "jax-cuda13-plugin for the GPU targets",
+               "libtpu for the TPU targets", "nothing was compiled or written"):
+    assert need in p.stderr, p.stderr
+  assert not out.exists()
