@@ -30,13 +30,14 @@ SMOKE = {
     "experiments/checks/compile_report.py": (["--targets", "h200", "--cases", "no-such-case"],
                                              {0, 2}),
     "experiments/studies/claims.py": ([], {0}),
+    "experiments/studies/study_approximation.py": (["--smoke"], {0}),
     "experiments/studies/run_studies.py": (["--dry-run", "--only", "cost"], {0}),
     "experiments/demo.py": (["--seq", "64", "--heads", "2", "--dim", "16"], {0}),
 }
 HELP_ONLY = {
     **{f"experiments/studies/study_{s}.py": "trains or measures for minutes; its smoke mode "
        "runs in tests/test_notebooks.py, into runs/smoke"
-       for s in ("approximation", "cost", "extrapolation", "hybrid", "listops", "lm", "mqar",
+       for s in ("cost", "extrapolation", "hybrid", "listops", "lm", "mqar",
                  "selective_copying", "synthetic")},
     "experiments/probes/probe_mamba2_induction.py": "trains models (no smoke mode)",
     "experiments/probes/hybrid_diagnosis.py": "trains models (no smoke mode)",
