@@ -404,6 +404,22 @@ CONTEXT_MESHES = {"seq4": ((4,), ("seq",), None, False),
 WITH_CONTEXT = tuple(s for s in cf.SPECS if s.context)
 
 
+def test_every_op_that_takes_a_context_declares_context_forms():
+  """A spec whose op has a ``context`` argument lists forms to check with it, and only then
+  (so no op's context path goes unchecked by omission)."""
+  import inspect
+
+  from linear_attention import ops
+  for spec in cf.SPECS:
+    op = getattr(ops, spec.name, None)
+    if op is None:  # a variant spec of another op (based, mlstm_exp)
+      continue
+    takes = "context" in inspect.signature(op).parameters
+    assert bool(spec.context) == takes, (spec.name, takes, spec.context)
+    assert set(spec.context) <= set(spec.forms) | {"default"}, spec.name
+    assert set(spec.context_meshes) <= set(CONTEXT_MESHES), spec.name
+
+
 def _context_segments():
   return jnp.asarray(np.stack([np.repeat(np.arange(len(l)), l) for l in CONTEXT_SEG_LENGTHS]),
                      jnp.int32)
