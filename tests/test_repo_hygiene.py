@@ -125,7 +125,7 @@ def test_no_script_writes_a_tracked_file(tmp_path):
 
 # An absolute path into a machine's own folders: temporary, home and work directories.
 MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|root|work|home|Users|private|mnt|scratch)/"
-                          r"|(?<![\w.~-])/var/(?:folders)/")  # (the group: not this line)
+                          r"|(?<![\w.~-])/var/(?:folders)/")  # grouped: this line no match
 
 
 def test_no_tracked_file_holds_a_machine_path():
