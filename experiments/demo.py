@@ -6,7 +6,7 @@
 The ops: the diagonal-decay engine (no decay, a decay per head, per channel), linear
 attention with the ``elu`` and ``favor+`` feature maps, and causal softmax attention (naive
 and blockwise); every other op's forms are checked against each other by the conformance
-tests (``tests/ops/conformance.py``) and timed by ``experiments/bench_ops.py``. For each op,
+tests (``tests/ops/conformance.py``) and timed by ``experiments/bench/bench_ops.py``. For each op,
 the first form listed is the reference; the table shows each form's largest difference
 from it, relative to the reference's largest magnitude (outputs and, where there is one,
 the final state), and its jitted forward time. ``--out DIR`` also writes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -88,13 +90,15 @@ def grads_of(fn, args, argnums, cotangent_key=0):
 
 
 def load_experiment(name: str):
-  """The module ``experiments/<name>.py`` (a script folder, not a package), loaded once."""
+  """The script ``experiments/<folder>/<name>.py`` (script folders, not packages), loaded once."""
   import importlib.util
   import pathlib
   import sys
   key = f"la_experiment_{name}"
   if key not in sys.modules:
-    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    found = sorted((pathlib.Path(ROOT) / "experiments").glob(f"*/{name}.py"))
+    assert len(found) == 1, f"experiments/*/{name}.py: found {found}"
+    path = found[0]
     spec = importlib.util.spec_from_file_location(key, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[key] = mod
@@ -113,3 +117,39 @@ def wait_for(predicate, proc, what: str, deadline_s: float) -> None:
     assert proc.poll() is None, f"the process ended (rc {proc.returncode}) before {what}"
     time.sleep(0.05)
   raise AssertionError(f"timed out after {deadline_s:g} s waiting for {what}")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fake_device_env(devices: int, fast_compile: bool = False) -> dict:
+  """The environment of a subprocess that sees ``devices`` fake CPU devices.
+
+  ``fast_compile`` adds ``--xla_backend_optimization_level=0``, which cuts CPU compile time
+  about threefold and leaves the numerics the tests check unchanged.
+  """
+  flags = f"--xla_force_host_platform_device_count={devices}"
+  if fast_compile:
+    flags += " --xla_backend_optimization_level=0"
+  return dict(os.environ, JAX_PLATFORMS="cpu",
+              XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
+
+
+def run_on_fake_devices(script: str, done: str, *, devices: int = 4, workdir=None,
+                        timeout: int = 600, fast_compile: bool = False) -> str:
+  """Runs Python source ``script`` from the repository root on ``devices`` fake CPU devices.
+
+  The main pytest process has one CPU device, so multi-device checks run in a subprocess.
+  ``workdir`` (when given) is bound to ``WORKDIR`` in the script. The test fails, with the
+  tail of the output, unless the script exits 0 and prints the line marker ``done``.
+  Returns the subprocess's stdout.
+  """
+  import subprocess
+  import sys
+  if workdir is not None:
+    script = f"WORKDIR = {str(workdir)!r}\n" + script
+  p = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                     env=fake_device_env(devices, fast_compile), capture_output=True, text=True,
+                     timeout=timeout)
+  assert p.returncode == 0 and done in p.stdout, (p.stdout + p.stderr)[-4000:]
+  return p.stdout

@@ -50,8 +50,9 @@ def test_result_file_names_keep_the_full_run():
 
 
 def test_cli_lists_cases_and_reports_a_result_file(tmp_path):
-  run = lambda *a: subprocess.run([sys.executable, os.path.join(EXPERIMENTS, "bench_ops.py"), *a],
-                                  capture_output=True, text=True, timeout=300)
+  script = os.path.join(EXPERIMENTS, "bench", "bench_ops.py")
+  run = lambda *a: subprocess.run([sys.executable, script, *a], capture_output=True, text=True,
+                                  timeout=300)
   p = run("--list", "--group", "sparse")
   assert p.returncode == 0, p.stderr
   assert [ln.split()[0] for ln in p.stdout.splitlines()] == cases.GROUPS["sparse"]

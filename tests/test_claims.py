@@ -1,4 +1,4 @@
-"""The claims table's verdict rules (``experiments/claims.py``) on small hand-made results.
+"""The claims table's verdict rules (``experiments/studies/claims.py``) on small hand-made results.
 
 Every number here is chosen by the test to sit clearly on one side of a rule
 (accuracies with standard errors far from the thresholds), so a changed rule or
@@ -508,17 +508,17 @@ def test_mamba2_induction_probe_row(tmp_path):
             "runs": [{"variant": v, "sparse_test_curve": [
                 {"step": 100, "accuracy": 0.07}, {"step": 200, "accuracy": p}]}
                 for v, p in accs.items()]}
-  row = claims._mamba2_probe_row(probe(slow_decay=0.07, linear_bc=0.9, mamba=0.99), None)
+  row = claims.claims_synthetic._mamba2_probe_row(probe(slow_decay=0.07, linear_bc=0.9, mamba=0.99), None)
   assert row["verdict"] == claims.IN_SHAPE
   assert "learns (>= 0.5) with: linear_bc (0.900 at 500, >= 0.5 from step 200)" in row["reason"]
   assert "below 0.5 with: slow_decay (0.070 at 500)" in row["reason"]
   assert "default Mamba-2 learns" not in row["reason"]
-  row = claims._mamba2_probe_row(probe(slow_decay=0.07, no_norm=0.06), (0.066, 0.011, 512))
+  row = claims.claims_synthetic._mamba2_probe_row(probe(slow_decay=0.07, no_norm=0.06), (0.066, 0.011, 512))
   assert row["verdict"] == claims.NOT_REPRODUCED
   assert "slow_decay (0.070 at 500), no_norm (0.060 at 500)" in row["reason"]
   assert row["ours"].startswith("study default 0.066")
   # The default Mamba-2 learning with more steps; a Mamba-1 variant that a property breaks.
-  row = claims._mamba2_probe_row(probe(default_1k=0.8, mamba=0.99, m1_scalar_a=0.1), None)
+  row = claims.claims_synthetic._mamba2_probe_row(probe(default_1k=0.8, mamba=0.99, m1_scalar_a=0.1), None)
   assert row["verdict"] == claims.IN_SHAPE and "default Mamba-2 learns it" in row["reason"]
   assert "one Mamba-2 property: m1_scalar_a (0.100 at 500)" in row["reason"]
   assert "default_1k 0.800 ± 0.020 (1000 steps)" in row["ours"]
@@ -526,7 +526,7 @@ def test_mamba2_induction_probe_row(tmp_path):
   pr = probe(mamba=0.99, slow_decay_1k=0.06, no_norm=0.07)
   for r, d in zip(pr["table"], (0.105, 0.111, 0.066)):
     r["dense_val"] = d
-  row = claims._mamba2_probe_row(pr, None)
+  row = claims.claims_synthetic._mamba2_probe_row(pr, None)
   assert "(dense val >= 0.105) yet stays below 0.5 on the sparse test: slow_decay_1k " \
       "(dense val 0.111)" in row["reason"] and "no_norm (dense" not in row["reason"]
   # The explanation: when each Mamba-1 run leaves chance (a longer run shown instead of its
@@ -542,7 +542,7 @@ def test_mamba2_induction_probe_row(tmp_path):
                                     "layer1": {"slow_share": 0.05}},
                                    {"step": 1500, "layer0": {"slow_share": 0.5},
                                     "layer1": {"slow_share": 0.07}}]
-  reason = claims._mamba2_probe_row(pr, None)["reason"]
+  reason = claims.claims_synthetic._mamba2_probe_row(pr, None)["reason"]
   assert "some A_n < 2 during training: m1_scalar_a_1500 0.05 -> 0.07 (steps 100 -> 1500)" \
       in reason
   assert ("Mamba-1 leaves chance (>= 0.2 on the sparse test) from step 200; given a change: "

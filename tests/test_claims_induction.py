@@ -33,7 +33,7 @@ def test_mamba2_variant_that_learns_names_its_change_and_when_it_leaves_chance()
             "m2_dt_conv_2k": [(500, 0.07), (1500, 0.12), (1600, 0.63), (2000, 0.98)],
             "m2_slow_2k": [(500, 0.06), (1000, 0.3)],
             "mamba": [(400, 0.25), (500, 0.95)]}
-  row = claims._mamba2_probe_row(_probe(curves, variants, {"default_2k": 1500}), None)
+  row = claims.claims_synthetic._mamba2_probe_row(_probe(curves, variants, {"default_2k": 1500}), None)
   assert row["verdict"] == claims.IN_SHAPE
   reason = row["reason"]
   assert ("Mamba-2 learns (>= 0.5) with: m2_dt_conv_2k (dt_from_conv=True; 0.980 at 2000, "
@@ -45,6 +45,6 @@ def test_mamba2_variant_that_learns_names_its_change_and_when_it_leaves_chance()
   assert "default_1k (1000)" not in reason and "default_1k (0.060" not in reason
   # Nothing learns: not reproduced, and no Mamba-2 escape part.
   curves = {"default_2k": [(1000, 0.06), (2000, 0.07)], "mamba": [(400, 0.25), (500, 0.95)]}
-  row = claims._mamba2_probe_row(_probe(curves, variants), None)
+  row = claims.claims_synthetic._mamba2_probe_row(_probe(curves, variants), None)
   assert row["verdict"] == claims.NOT_REPRODUCED
   assert "Mamba-2 leaves chance" not in row["reason"]

@@ -1,4 +1,4 @@
-"""Rerunning ``experiments/claims.py`` on unchanged results leaves its JSON as it was (issue
+"""Rerunning ``experiments/studies/claims.py`` on unchanged results leaves its JSON as it was (issue
 29, bug 7: a plain rerun rewrote the committed ``results/studies/claims.json``, changing
 only its date)."""
 

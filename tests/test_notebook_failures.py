@@ -21,7 +21,7 @@ def test_missing_results_message_names_the_command(tmp_path):
   msg = claims.missing_results_message(tmp_path / "mqar" / "mqar.json", tmp_path)
   assert "does not exist" in msg and "run_studies.py --only mqar" in msg, msg
   msg = claims.missing_results_message(tmp_path / "hybrid" / "diagnosis.json", tmp_path)
-  assert "experiments/hybrid_diagnosis.py --out" in msg, msg
+  assert "experiments/probes/hybrid_diagnosis.py --out" in msg, msg
   assert claims.missing_results_message("/elsewhere/x.json", tmp_path) is None
 
 

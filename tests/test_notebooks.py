@@ -10,13 +10,13 @@ The kernel is ``python3``: jupyter_client starts a spec whose command is
 spec itself when ipykernel is importable, so the venv running pytest is the
 one the notebooks run in.
 
-The claims table (``experiments/claims.py``) is checked on the same smoke
+The claims table (``experiments/studies/claims.py``) is checked on the same smoke
 results: every study yields claim rows with a valid verdict, read from the
 format its script writes today (a study whose JSON drifts from what the claims
 read shows up as "older format"), and every notebook shows the table.
 
 To add a study, append a :class:`Study` to ``STUDIES``; the index notebook
-must link its notebook, and ``experiments/claims.py`` needs its claims.
+must link its notebook, and ``experiments/studies/claims.py`` needs its claims.
 Training studies get a fresh ``--runs`` folder too, so that no finished run of
 an earlier session is reused.
 """
@@ -58,18 +58,18 @@ class Study:
 
 
 STUDIES = [
-    Study("cost", ("experiments/study_cost.py", "--smoke"), "cost.ipynb", "cost.json"),
-    Study("approximation", ("experiments/study_approximation.py", "--smoke"),
+    Study("cost", ("experiments/studies/study_cost.py", "--smoke"), "cost.ipynb", "cost.json"),
+    Study("approximation", ("experiments/studies/study_approximation.py", "--smoke"),
           "approximation.ipynb", "approximation.json"),
-    Study("mqar", ("experiments/study_mqar.py", "--smoke"), "mqar.ipynb", "mqar.json", True),
-    Study("synthetic", ("experiments/study_synthetic.py", "--smoke"), "synthetic.ipynb",
+    Study("mqar", ("experiments/studies/study_mqar.py", "--smoke"), "mqar.ipynb", "mqar.json", True),
+    Study("synthetic", ("experiments/studies/study_synthetic.py", "--smoke"), "synthetic.ipynb",
           "synthetic.json", True),
-    Study("lm", ("experiments/study_lm.py", "--smoke"), "lm.ipynb", "lm.json", True),
-    Study("listops", ("experiments/study_listops.py", "--smoke"), "listops.ipynb",
+    Study("lm", ("experiments/studies/study_lm.py", "--smoke"), "lm.ipynb", "lm.json", True),
+    Study("listops", ("experiments/studies/study_listops.py", "--smoke"), "listops.ipynb",
           "listops.json", True),
-    Study("extrapolation", ("experiments/study_extrapolation.py", "--smoke"),
+    Study("extrapolation", ("experiments/studies/study_extrapolation.py", "--smoke"),
           "extrapolation.ipynb", "extrapolation.json", True),
-    Study("hybrid", ("experiments/study_hybrid.py", "--smoke"), "hybrid.ipynb", "hybrid.json",
+    Study("hybrid", ("experiments/studies/study_hybrid.py", "--smoke"), "hybrid.ipynb", "hybrid.json",
           True),
 ]
 

@@ -1,4 +1,4 @@
-"""``experiments/run_studies.py --collect``: what it collects, and a clear refusal when there
+"""``experiments/studies/run_studies.py --collect``: what it collects, and a clear refusal when there
 is nothing to collect."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_collect_with_no_finished_run_says_where_it_looked_and_exits_1(runs, tmp
   assert "error: --collect found no finished training run" in err
   for study in ("mqar", "synthetic", "extrapolation", "hybrid"):  # the studies that collect
     assert f"runs/{study}" in err
-  assert "Train first: python experiments/run_studies.py" in err
+  assert "Train first: python experiments/studies/run_studies.py" in err
   assert not results.exists()  # nothing written, no claims
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import glob
 import os
-import re
 
 from tests import helpers
 
@@ -118,14 +116,7 @@ def test_results_carry_no_machine_paths():
   assert su._portable_arg(os.path.join(root, "results", "x")) == os.path.join("results", "x")
   assert su._portable_arg("--out=" + os.path.join(root, "r")) == "--out=r"
   assert su._portable_arg("3e-3") == "3e-3"
-  # Quoted or inside a recorded command line (``--runs /work/...``).
-  pattern = re.compile(r'["= ]/(?:work|home|tmp|root|Users|private|mnt|scratch)/')
-  files = glob.glob(os.path.join(root, "results", "studies", "**", "*.json"), recursive=True)
-  files += glob.glob(os.path.join(root, "notebooks", "*.ipynb"))
-  assert files
-  for f in files:
-    with open(f) as fh:
-      assert not pattern.search(fh.read()), f
+  # Every tracked file, the results included: tests/test_repo_hygiene.py.
 
 
 def _curve(*accs, every=100):

@@ -1,4 +1,4 @@
-"""``experiments/study_selective_copying.py``: its smoke size runs and writes the JSON the
+"""``experiments/studies/study_selective_copying.py``: its smoke size runs and writes the JSON the
 synthetic study's long-spread claim reads, and ``run_studies.py`` runs it like the others."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_smoke_writes_the_json_the_claim_reads(tmp_path):
   results = tmp_path / "studies"
   # One worker: the two smoke runs one after the other (CI shares 2 cores).
   proc = subprocess.run(
-      [sys.executable, "experiments/study_selective_copying.py", "--smoke", "--workers", "1",
+      [sys.executable, "experiments/studies/study_selective_copying.py", "--smoke", "--workers", "1",
        "--out", str(results / "selective_copying"), "--runs", str(tmp_path / "runs")],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -66,7 +66,7 @@ def test_committed_result_gives_the_long_spread_claim():
 def test_run_studies_runs_it_with_the_shared_flags():
   assert "selective_copying" in rs.STUDIES and rs.collects("selective_copying")
   cmd = rs.study_command("selective_copying", "/r", smoke=True, collect=True)
-  assert cmd[1:] == ["experiments/study_selective_copying.py", "--smoke", "--collect", "--out",
+  assert cmd[1:] == ["experiments/studies/study_selective_copying.py", "--smoke", "--collect", "--out",
                      os.path.join("/r", "selective_copying")]
   assert rs.study_runs("selective_copying", smoke=False).endswith(
       os.path.join("runs", "studies", "selective_copying"))

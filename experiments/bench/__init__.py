@@ -1,4 +1,6 @@
-"""The op benchmark behind ``experiments/bench_ops.py`` (the command line).
+"""Benchmarks: the scripts (``bench_*.py``, ``param_table.py``, ``softmax_baseline.py``,
+each run as ``python experiments/bench/<script>.py``), and this package, the op benchmark
+behind ``bench_ops.py``:
 
 - ``cases.py``: the cases, declared (op, inputs by shape, keyword arguments, FLOP count,
   lengths, group); a new op's case goes there.

@@ -33,7 +33,7 @@ Forms (all agree; the tests prove it):
   block, all levels stacked on the batch axis; when levels are shared, the
   top level is the plain engine output minus the levels below it): 15-60x
   the plain chunk form at ``L = 17`` on a CPU, against 1.2-6x for the Fenwick
-  form (``experiments/bench_loglinear.py``).
+  form (``experiments/bench/bench_loglinear.py``).
 * ``recurrent``: token by token through :func:`loglinear_decay_step`'s update,
   with ``O(L)`` states: after a token at position ``p`` with ``r`` trailing
   one bits, levels ``0..r`` merge into level ``r + 1``.

@@ -81,5 +81,5 @@ def timing_summary(results: dict[str, dict[str, dict]], wall: float, slowest: in
 def cases(targets: tuple[str, ...]) -> list[tuple[str, str]]:
   """(target, case) for each of ``targets``: the cases CI compiles for it
   (``aot.ci_cases``; what is covered where, and why, is at ``aot.CI_GROUPS``).
-  ``experiments/compile_report.py`` compiles every case on every target."""
+  ``experiments/checks/compile_report.py`` compiles every case on every target."""
   return [(t, c) for t in targets for c in aot.ci_cases(t)]

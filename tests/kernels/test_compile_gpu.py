@@ -3,7 +3,7 @@
 Deviceless ahead-of-time compilation (``linear_attention.kernels.aot``): each
 case (chunk decay, flash attention, linear scan; forward and backward in one
 program; bfloat16 and float32; every decay and attention mode; initial and
-final state; the ``experiments/gpu_check.py`` shapes and a small odd one) is
+final state; the ``experiments/checks/gpu_check.py`` shapes and a small odd one) is
 compiled for an H200 (sm_90, 232448 B of shared memory per block) and an A100
 (sm_80, 166912 B) through Triton and ``ptxas``. A case fails when the compiler
 refuses it (e.g. ``RESOURCE_EXHAUSTED: Shared memory size limit exceeded``) or

@@ -13,7 +13,9 @@ compare it with:
   with a dense ``T x T`` mask for attention;
 * ``step(state, arrays_t)``: the ``*_step`` function on one token, if any;
 * capabilities: the forms, whether the op takes an initial state and packed
-  segments, which array is a log gate, the lengths it accepts.
+  segments, which array is a log gate, the lengths it accepts, and the forms
+  that take ``context=`` (the sequence split over devices) with the meshes
+  they are checked on.
 
 The checks themselves live in ``test_conformance.py`` and run on every spec;
 checks that only make sense for one op stay in that op's test file.
@@ -126,6 +128,11 @@ class OpSpec:
   atol: float = 2e-4
   grad_tol: float = 1e-3
   bad: Callable[[], list] | None = None  # op-specific (call, message regex) pairs
+  # The forms checked with ``context=`` against the unsharded op (empty: the op takes no
+  # context): each on the first mesh of ``context_meshes`` (keys of
+  # ``test_conformance.CONTEXT_MESHES``), the first form on every one of them.
+  context: tuple[str, ...] = ()
+  context_meshes: tuple[str, ...] = ("seq4",)
 
   def float_args(self, arrays):
     return tuple(i for i, a in enumerate(arrays)
@@ -155,11 +162,27 @@ class OpSpec:
 PALLAS = "pallas"
 
 
+@dataclasses.dataclass(frozen=True)
+class Sharded:
+  """A pseudo-form: ``form`` called with ``context=context`` (a ``SeqContext``)."""
+
+  form: str
+  context: Any
+
+
+def _unshard(form):
+  """``(form, {"context": ...} or {})`` of a form that may be :class:`Sharded`."""
+  if isinstance(form, Sharded):
+    return form.form, {"context": form.context}
+  return form, {}
+
+
 def _kw(form, s0, seg, state=True):
+  form, kw = _unshard(form)
   if form == PALLAS:
-    kw = {"form": "chunk", "implementation": "pallas"}
-  else:
-    kw = {} if form == "default" else {"form": form}
+    kw.update(form="chunk", implementation="pallas")
+  elif form != "default":
+    kw["form"] = form
   if state:
     kw.update(initial_state=s0, return_state=True)
   if seg is not None:
@@ -195,7 +218,8 @@ def ref_decay(arrays, s0, seg, *, scale=None):
 
 
 DECAY = OpSpec(
-    name="decay_linear_attention", names=("q", "k", "v", "log_decay"),
+    name="decay_linear_attention", context=("chunk",), context_meshes=("seq4", "data2_seq2"),
+    names=("q", "k", "v", "log_decay"),
     make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (log_gate(rng, (B, t, H, K), dtype),),
     timed=(True, True, True, True),
     run=lambda a, form, s0, seg: ops.decay_linear_attention(
@@ -230,7 +254,8 @@ def ref_linear(arrays, s0, seg):
 
 
 LINEAR = OpSpec(
-    name="linear_attention", names=("q", "k", "v"),
+    name="linear_attention", context=("chunk",),
+    names=("q", "k", "v"),
     make=lambda rng, t, dtype: tuple(0.5 * x for x in _make_qkv(rng, t, dtype)),
     timed=(True, True, True),
     run=lambda a, form, s0, seg: ops.linear_attention(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
@@ -284,7 +309,7 @@ def _kernel_state(phi, rng, n=3):
 
 
 BASED = OpSpec(
-    name="based", names=("q", "k", "v"),
+    name="based", context=("chunk",), names=("q", "k", "v"),
     make=lambda rng, t, dtype: _make_qkv(rng, t, dtype),
     timed=(True, True, True),
     run=lambda a, form, s0, seg: ops.linear_attention(*a, feature_map="taylor", chunk_size=CHUNK,
@@ -320,7 +345,8 @@ def _rebased_bad():
 # (a lone key at a segment start, q~ orthogonal to k~): float32 rounding of the forms then
 # differs by 1e-3 in the gradient. A shift beta near 1 keeps q~ . k~ ~ |beta|^2 = 8 +- 2.
 REBASED = OpSpec(
-    name="rebased_attention", names=("q", "k", "v", "gamma", "beta"),
+    name="rebased_attention", context=("chunk",),
+    names=("q", "k", "v", "gamma", "beta"),
     make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (
         uniform(rng, (K,), 0.3, 0.7), 1.0 + normal(rng, (K,), scale=0.2)),
     timed=(True, True, True, False, False),
@@ -341,7 +367,7 @@ def ref_gla(arrays, s0, seg):
 
 
 GLA = dataclasses.replace(
-    DECAY, name="gla", names=("q", "k", "v", "log_g"), reference=ref_gla,
+    DECAY, name="gla", context_meshes=("seq4",), names=("q", "k", "v", "log_g"), reference=ref_gla,
     run=lambda a, form, s0, seg: ops.gla(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     step=lambda s, a: ops.gla_step(s, *a))
 
@@ -353,7 +379,8 @@ def ref_retention(arrays, s0, seg):
 
 
 RETENTION = OpSpec(
-    name="retention", names=("q", "k", "v", "gamma"),
+    name="retention", context=("chunk",),
+    names=("q", "k", "v", "gamma"),
     make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (uniform(rng, (H,), 0.6, 0.97, dtype),),
     timed=(True, True, True, False),
     run=lambda a, form, s0, seg: ops.retention(*a[:3], gamma=a[3], chunk_size=CHUNK,
@@ -375,7 +402,8 @@ def ref_hgrn2(arrays, s0, seg):
 
 
 HGRN2 = OpSpec(
-    name="hgrn2", names=("q", "log_f", "v"),
+    name="hgrn2", context=("chunk",),
+    names=("q", "log_f", "v"),
     make=lambda rng, t, dtype: (normal(rng, (B, t, H, K), dtype),
                                 log_gate(rng, (B, t, H, K), dtype), normal(rng, (B, t, H, V), dtype)),
     timed=(True, True, True),
@@ -398,7 +426,8 @@ def ref_rwkv6(arrays, s0, seg):
 
 
 RWKV6 = OpSpec(
-    name="rwkv6", names=("r", "k", "v", "log_w", "u"),
+    name="rwkv6", context=("chunk",),
+    names=("r", "k", "v", "log_w", "u"),
     make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (
         log_gate(rng, (B, t, H, K), dtype), normal(rng, (H, K), dtype)),
     timed=(True, True, True, True, False),
@@ -425,7 +454,8 @@ def ref_ssd(arrays, s0, seg):
 
 
 SSD = OpSpec(
-    name="ssd", names=("x", "dt", "A", "B", "C", "D"),
+    name="ssd", context=("chunk",),
+    names=("x", "dt", "A", "B", "C", "D"),
     make=lambda rng, t, dtype: (
         normal(rng, (B, t, H, V), dtype), jax.nn.softplus(normal(rng, (B, t, H)) - 1.0).astype(dtype),
         -uniform(rng, (H,), 0.5, 2.0, dtype), normal(rng, (B, t, SSD_GROUPS, K), dtype),
@@ -464,7 +494,8 @@ def _make_delta(rng, t, dtype, gated=True):
 
 
 GATED_DELTANET = OpSpec(
-    name="gated_deltanet", names=("q", "k", "v", "beta", "log_decay"),
+    name="gated_deltanet", context=("chunk",), context_meshes=("seq4", "data2_seq2"),
+    names=("q", "k", "v", "beta", "log_decay"),
     make=_make_delta, timed=(True,) * 5,
     run=lambda a, form, s0, seg: ops.gated_deltanet(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_delta, forms=("parallel", "chunk", "recurrent"),
@@ -473,7 +504,8 @@ GATED_DELTANET = OpSpec(
     rtol=1e-4, atol=1e-4)
 
 DELTANET = dataclasses.replace(
-    GATED_DELTANET, name="deltanet", names=("q", "k", "v", "beta"),
+    GATED_DELTANET, name="deltanet", context=("recurrent",), context_meshes=("seq4",),
+    names=("q", "k", "v", "beta"),
     make=lambda rng, t, dtype: _make_delta(rng, t, dtype, gated=False), timed=(True,) * 4,
     run=lambda a, form, s0, seg: ops.deltanet(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     step=lambda s, a: ops.deltanet_step(s, *a), log_gate=None)
@@ -500,7 +532,8 @@ def ref_rwkv7(arrays, s0, seg):
 
 
 RWKV7 = OpSpec(
-    name="rwkv7", names=("r", "k", "v", "log_w", "kappa", "a", "bonus"),
+    name="rwkv7", context=("recurrent",),
+    names=("r", "k", "v", "log_w", "kappa", "a", "bonus"),
     make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (
         log_gate(rng, (B, t, H, K), dtype), unit(normal(rng, (B, t, H, K), dtype)),
         uniform(rng, (B, t, H, K), 0.05, 0.95, dtype), normal(rng, (H, K), dtype, scale=0.5)),
@@ -529,7 +562,8 @@ def ref_kda(arrays, s0, seg):
 
 
 KDA = OpSpec(
-    name="kda", names=("q", "k", "v", "beta", "log_alpha"),
+    name="kda", context=("chunk",), context_meshes=("seq4", "data2_seq2"),
+    names=("q", "k", "v", "beta", "log_alpha"),
     make=lambda rng, t, dtype: _make_delta(rng, t, dtype, gated=False) + (
         log_gate(rng, (B, t, H, K), dtype),),
     timed=(True,) * 5,
@@ -559,7 +593,8 @@ def ref_gated_deltaproduct(arrays, s0, seg):
 
 
 GATED_DELTAPRODUCT = OpSpec(
-    name="gated_deltaproduct", names=("q", "k", "v", "beta", "log_decay"),
+    name="gated_deltaproduct", context=("recurrent",),
+    names=("q", "k", "v", "beta", "log_decay"),
     make=lambda rng, t, dtype: (
         normal(rng, (B, t, H, K), dtype), unit(normal(rng, (B, t, H, HOUSEHOLDER, K), dtype)),
         normal(rng, (B, t, H, HOUSEHOLDER, V), dtype),
@@ -589,7 +624,8 @@ def ref_dplr(arrays, s0, seg):
 
 
 DPLR = OpSpec(
-    name="dplr_attention", names=("q", "k", "v", "a", "b", "log_decay"),
+    name="dplr_attention", context=("recurrent",),
+    names=("q", "k", "v", "a", "b", "log_decay"),
     make=lambda rng, t, dtype: (
         normal(rng, (B, t, H, K), dtype), normal(rng, (B, t, H, 2, K), dtype, scale=0.5),
         normal(rng, (B, t, H, 2, V), dtype), normal(rng, (B, t, H, 2, K), dtype, scale=0.3),
@@ -616,7 +652,8 @@ def ref_linear_scan(arrays, s0, seg):
 
 
 LINEAR_SCAN = OpSpec(
-    name="linear_scan", names=("a", "b"),
+    name="linear_scan", context=("chunk", "recurrent"),
+    names=("a", "b"),
     make=lambda rng, t, dtype: (uniform(rng, (B, t, H, 3), -1.0, 1.0, dtype),
                                 normal(rng, (B, t, H, 3), dtype)),
     timed=(True, True),
@@ -644,7 +681,8 @@ def ref_rg_lru(arrays, s0, seg, c=8.0):
 
 
 RG_LRU = OpSpec(
-    name="rg_lru", names=("x", "gate_r", "gate_i", "log_lambda_param"),
+    name="rg_lru", context=("chunk",), context_meshes=("seq4", "seq4_auto"),
+    names=("x", "gate_r", "gate_i", "log_lambda_param"),
     make=lambda rng, t, dtype: (normal(rng, (B, t, 4), dtype), normal(rng, (B, t, 4), dtype),
                                 normal(rng, (B, t, 4), dtype), uniform(rng, (4,), 0.0, 6.0, dtype)),
     timed=(True, True, True, False),
@@ -677,7 +715,9 @@ def ref_selective(arrays, s0, seg):
 
 
 SELECTIVE_SCAN = OpSpec(
-    name="selective_scan", names=("x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
+    name="selective_scan", context=("recurrent", "chunk", "decay"),
+    context_meshes=("seq4", "data2_seq2"),
+    names=("x", "dt", "A", "B", "C", "D", "z", "dt_bias"),
     make=lambda rng, t, dtype: (
         normal(rng, (B, t, 4), dtype), normal(rng, (B, t, 4), dtype),
         -jnp.exp(normal(rng, (4, 3), scale=0.5)).astype(dtype), normal(rng, (B, t, 2, 3), dtype),
@@ -728,7 +768,8 @@ def _split(out):
 
 
 S4D = OpSpec(
-    name="s4d", names=("u", "A_real", "A_imag", "B", "C", "log_dt", "D"),
+    name="s4d", context=("chunk",),
+    names=("u", "A_real", "A_imag", "B", "C", "log_dt", "D"),
     make=_make_s4d, timed=(True,) + (False,) * 6,
     run=lambda a, form, s0, seg: _split(ops.s4d(*a, chunk_size=CHUNK,
                                                  **_kw(form, _complex(s0), seg))),
@@ -762,7 +803,8 @@ def ref_conv(arrays, s0, seg):
 
 
 CONV = OpSpec(
-    name="causal_conv1d", names=("x", "weight", "bias"),
+    name="causal_conv1d", context=("default",), context_meshes=("seq4", "data2_seq2_auto"),
+    names=("x", "weight", "bias"),
     make=lambda rng, t, dtype: (normal(rng, (B, t, 3), dtype), normal(rng, (CONV_WIDTH, 3)),
                                 normal(rng, (3,))),
     timed=(True, False, False),
@@ -794,6 +836,16 @@ def causal_mask(t):
   return jnp.tril(jnp.ones((t, t), bool))[None]
 
 
+def _attention_kw(form):
+  """The keywords of an attention op for a (possibly :class:`Sharded`) form."""
+  form, kw = _unshard(form)
+  if form == PALLAS:
+    kw["implementation"] = "pallas"
+  elif form != "default":
+    kw["algorithm"] = form
+  return kw
+
+
 def ref_softmax(arrays, s0, seg):
   q = arrays[0]
   b, t = q.shape[:2]
@@ -804,9 +856,9 @@ SOFTMAX = OpSpec(
     name="softmax_attention", names=("q", "k", "v"),
     make=_make_qkv, timed=(True, True, True),
     run=lambda a, form, s0, seg: (ops.softmax_attention(
-        *a, causal=True, block_size=CHUNK, segment_ids=seg,
-        **({"implementation": "pallas"} if form == PALLAS else {"algorithm": form})), None),
-    reference=ref_softmax, forms=("naive", "blockwise"), rtol=1e-4, atol=1e-5)
+        *a, causal=True, block_size=CHUNK, segment_ids=seg, **_attention_kw(form)), None),
+    reference=ref_softmax, forms=("naive", "blockwise"), rtol=1e-4, atol=1e-5,
+    context=("naive", "blockwise"), context_meshes=("data2_seq2_auto",))
 
 def ref_forgetting(arrays, s0, seg):
   """Causal softmax with the bias ``sum_{j < s <= i} log f_s``, summed per pair (no cumsum)."""
@@ -829,11 +881,11 @@ FORGETTING = OpSpec(
     make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (log_gate(rng, (B, t, H), dtype),),
     timed=(True, True, True, True),
     run=lambda a, form, s0, seg: (ops.forgetting_attention(
-        *a, algorithm=form, block_size=CHUNK, segment_ids=seg), None),
+        *a, block_size=CHUNK, segment_ids=seg, **_attention_kw(form)), None),
     reference=ref_forgetting, forms=("naive", "blockwise"), log_gate=3,
     step=lambda cache, a: ops.forgetting_attention_step(cache, *a), step_state_checked=False,
     step_state=lambda a: ops.init_forgetting_cache(a[0].shape[0], H, a[0].shape[1], K, V),
-    rtol=1e-4, atol=1e-5)
+    rtol=1e-4, atol=1e-5, context=("naive", "blockwise"))
 
 
 WINDOW = 5
@@ -858,9 +910,8 @@ SLIDING_WINDOW = OpSpec(
     name="sliding_window_attention", names=("q", "k", "v"),
     make=_make_qkv, timed=(True, True, True),
     run=lambda a, form, s0, seg: (ops.sliding_window_attention(
-        *a, window=WINDOW, block_size=8, segment_ids=seg,
-        implementation="pallas" if form == PALLAS else None), None),
-    reference=ref_sliding_window, rtol=1e-4, atol=1e-5,
+        *a, window=WINDOW, block_size=8, segment_ids=seg, **_attention_kw(form)), None),
+    reference=ref_sliding_window, rtol=1e-4, atol=1e-5, context=("default",),
     step=_sliding_step, step_state_checked=False,
     step_state=lambda a: ops.init_sliding_window_cache(a[0].shape[0], H, WINDOW, K, V))
 
@@ -975,7 +1026,8 @@ def _make_mlstm(rng, t, dtype, forget_gate="sigmoid"):
 
 
 MLSTM = OpSpec(
-    name="mlstm", names=("q", "k", "v", "i_gate", "f_gate"),
+    name="mlstm", context=("chunk",),
+    names=("q", "k", "v", "i_gate", "f_gate"),
     make=_make_mlstm, timed=(True,) * 5,
     run=lambda a, form, s0, seg: ops.mlstm(*a, chunk_size=CHUNK, **_kw(form, s0, seg)),
     reference=ref_mlstm, forms=("parallel", "chunk", "recurrent"),
@@ -1062,7 +1114,8 @@ def _levels(rng, t, dtype):
 
 
 LOGLINEAR_SSD = OpSpec(
-    name="loglinear_ssd", names=("x", "dt", "A", "B", "C", "level_weights", "D"),
+    name="loglinear_ssd", context=("chunk",),
+    names=("x", "dt", "A", "B", "C", "level_weights", "D"),
     make=lambda rng, t, dtype: SSD.make(rng, t, dtype)[:5] + (
         _levels(rng, t, dtype), normal(rng, (H,), dtype)),
     timed=(True, True, False, True, True, True, False),
@@ -1073,7 +1126,8 @@ LOGLINEAR_SSD = OpSpec(
     step=lambda s, a: ops.loglinear_ssd_step(s, *a), log_gate=2)
 
 LOGLINEAR_GLA = OpSpec(
-    name="loglinear_gla", names=("q", "k", "v", "log_g", "level_weights"),
+    name="loglinear_gla", context=("chunk",), context_meshes=("seq4_auto",),
+    names=("q", "k", "v", "log_g", "level_weights"),
     make=lambda rng, t, dtype: _make_qkv(rng, t, dtype) + (
         log_gate(rng, (B, t, H, K), dtype), _levels(rng, t, dtype)),
     timed=(True,) * 5,

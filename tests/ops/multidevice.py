@@ -11,13 +11,14 @@ time about threefold; the numerics checked are unchanged.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 import traceback
 
 import jax
+
+from tests import helpers
 
 DEVICES = 4
 
@@ -45,13 +46,9 @@ def run_cases(all_cases: dict) -> None:
 
 def check_in_subprocess(module: str, all_cases: dict, timeout: int = 900) -> None:
   """Runs ``module._run_cases()`` on fake devices and fails with every failed case's traceback."""
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  flags = (f"--xla_force_host_platform_device_count={DEVICES} "
-           "--xla_backend_optimization_level=0")
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
   proc = subprocess.run([sys.executable, "-c", f"import {module} as t; t._run_cases()"],
-                        cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+                        cwd=helpers.ROOT, env=helpers.fake_device_env(DEVICES, fast_compile=True),
+                        capture_output=True, text=True, timeout=timeout)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
   assert proc.returncode == 0 and lines, (
       f"subprocess failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

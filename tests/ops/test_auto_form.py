@@ -1,7 +1,7 @@
 """``form="auto"`` of the delta-rule engines: one form's values, another form's gradient.
 
 On CPU the token scan computes the values faster and the chunk form differentiates faster
-(experiments/bench_delta_forms.py), so ``auto`` pairs them through
+(experiments/bench/bench_delta_forms.py), so ``auto`` pairs them through
 ``common.with_gradient_of``. These tests check the pairing itself: a default call's values are
 the values form's bit for bit, its gradient (the initial state's included) is the gradient
 form's bit for bit, on packed segments and an odd length; and the backend table.

@@ -27,7 +27,11 @@ Checks (a spec's capabilities say which apply):
   (``implementation="pallas"``) in the GPU (Triton) and TPU (Mosaic) interpret
   modes, natively on such a host: forward and gradient against the reference
   and the XLA op, with the initial and final state and packed segments (or the
-  op refusing them under ``"pallas"``), and one token.
+  op refusing them under ``"pallas"``), and one token;
+* context parallelism (``spec.context``): the op called with ``context=`` on 4
+  fake CPU devices equals the unsharded op, forward and gradient, with packed
+  segments and the initial state; one subprocess runs every spec's case and the
+  edge cases of ``test_context.py``.
 
 Checks that only make sense for one op stay in that op's test file.
 """
@@ -44,6 +48,7 @@ import pytest
 from linear_attention.kernels import dispatch
 from tests import helpers
 from tests.ops import conformance as cf
+from tests.ops import multidevice
 
 F32 = jnp.float32
 SEG_LENGTHS = (13, 18, 6)  # T = 37 with chunks of 16: boundaries off the chunk grid
@@ -380,3 +385,86 @@ def test_kernel_matches_reference_and_xla(case, platform, monkeypatch, request):
   want, out = jax.jit(lambda a, s: (spec.reference(a, s, None), spec.run(a, cf.PALLAS, s, None)))(
       one, s1)
   helpers.assert_tree_close(out, want, spec.rtol, spec.atol, f"{spec.name} pallas T=1")
+
+
+# ------------------------------------------------------------ context= on 4 devices
+
+# 18 tokens a device on the 4-way "seq" axis (a chunk of 16 and a partial one), 36 on
+# the 2-way one; packed segments with boundaries inside slices (row 0: 5, 30) and on the
+# slice edges (row 1: 18, 36).
+CONTEXT_T = 72
+CONTEXT_SEG_LENGTHS = ((5, 25, 42), (18, 18, 36))
+CONTEXT_TOL = 2e-4  # float32 sums in another order (per-device states, gathered keys)
+# name: (shape, axis names, batch axis, Auto axes): Auto axes as the trainer's mesh (XLA's
+# partitioner then places the ops around the context's shard_map itself).
+CONTEXT_MESHES = {"seq4": ((4,), ("seq",), None, False),
+                  "data2_seq2": ((2, 2), ("data", "seq"), "data", False),
+                  "seq4_auto": ((4,), ("seq",), None, True),
+                  "data2_seq2_auto": ((2, 2), ("data", "seq"), "data", True)}
+WITH_CONTEXT = tuple(s for s in cf.SPECS if s.context)
+
+
+def test_every_op_that_takes_a_context_declares_context_forms():
+  """A spec whose op has a ``context`` argument lists forms to check with it, and only then
+  (so no op's context path goes unchecked by omission)."""
+  import inspect
+
+  from linear_attention import ops
+  for spec in cf.SPECS:
+    op = getattr(ops, spec.name, None)
+    if op is None:  # a variant spec of another op (based, mlstm_exp)
+      continue
+    takes = "context" in inspect.signature(op).parameters
+    assert bool(spec.context) == takes, (spec.name, takes, spec.context)
+    assert set(spec.context) <= set(spec.forms) | {"default"}, spec.name
+    assert set(spec.context_meshes) <= set(CONTEXT_MESHES), spec.name
+
+
+def _context_segments():
+  return jnp.asarray(np.stack([np.repeat(np.arange(len(l)), l) for l in CONTEXT_SEG_LENGTHS]),
+                     jnp.int32)
+
+
+def check_context(spec):
+  """``spec.run`` with ``context=`` against the same call without, for every form of
+  ``spec.context`` (the first on every mesh of ``spec.context_meshes``, the others on its
+  first): output, final state and the gradients of the differentiable inputs and the
+  initial state, with packed segments. Needs 4 devices."""
+  from linear_attention.ops import SeqContext
+  arrays, s0 = _inputs(spec, CONTEXT_T, 5)
+  seg = _context_segments() if spec.segments else None
+  for i, form in enumerate(spec.context):
+    fn, args = _bind(spec, lambda a, s, f=form: spec.run(a, f, s, seg), arrays, s0)
+    want = helpers.value_and_grads(fn, args)
+    for mesh_name in spec.context_meshes[:len(spec.context_meshes) if i == 0 else 1]:
+      shape, names, batch_axis, auto = CONTEXT_MESHES[mesh_name]
+      types = (jax.sharding.AxisType.Auto,) * len(names) if auto else None
+      mesh = jax.make_mesh(shape, names, axis_types=types)
+      sharded = cf.Sharded(form, SeqContext(mesh, "seq", batch_axis))
+      fn, _ = _bind(spec, lambda a, s: spec.run(a, sharded, s, seg), arrays, s0)
+      with jax.set_mesh(mesh):
+        got = helpers.value_and_grads(fn, args)
+      where = f"{spec.name} {form} on {mesh_name}"
+      if not auto:
+        assert got[0][0].sharding.spec[1] == "seq", (where, got[0][0].sharding)
+      helpers.assert_tree_close(got, want, CONTEXT_TOL, CONTEXT_TOL, where)
+
+
+def context_cases() -> dict:
+  """The 4-device cases: :func:`check_context` for every spec that takes a context, and
+  the edge cases of ``test_context.py``, run in one subprocess."""
+  from tests.ops import test_context
+  out = {f"context_{s.name}": (lambda s=s: check_context(s)) for s in WITH_CONTEXT}
+  out.update(test_context.CASES)
+  return out
+
+
+def _run_cases() -> None:
+  """Subprocess entry point (4 fake devices)."""
+  multidevice.run_cases(context_cases())
+
+
+def test_context_matches_unsharded_on_four_devices():
+  """Every op that declares ``context`` forms, sharded over 4 fake CPU devices, equals the
+  unsharded op (forward and gradient); with the edge cases of ``test_context.py``."""
+  multidevice.check_in_subprocess("tests.ops.test_conformance", context_cases())

@@ -1,12 +1,15 @@
-"""``context=``: every engine and variant with the sequence split over fake CPU devices.
+"""``context=``: what the conformance suite's context check does not cover.
 
-Each case compares an op called with a :class:`SeqContext` against the same op
-without one: the output, the final state and the gradients of every floating
-input (the initial state's included), rtol 2e-4, on meshes ``(4,)`` (``"seq"``)
-and ``(2, 2)`` (``"data"`` x ``"seq"``, the batch split too), with packed
-segments whose boundaries fall inside slices and on the device edges. The
-multi-device cases run in one subprocess with 4 fake CPU devices
-(:mod:`tests.ops.multidevice`); argument checks run here.
+``test_conformance.py`` checks every op that declares ``context`` forms against the
+unsharded op on 4 fake CPU devices. The cases here are the edges: gates strong enough to
+underflow, the stateless and bidirectional feature maps, reversed and grouped scans,
+bidirectional S4D, a convolution halo and an attention window as long as a slice, softmax
+in bfloat16 and without a mask, log-linear attention's aligned path, the ops inside the
+caller's own ``shard_map``, a concrete mesh without ``jax.set_mesh``, the per-device memory
+of the selective scan, and the errors. Each compares the op with a :class:`SeqContext`
+against the same op without one (values and gradients, ``rtol = atol = 2e-4``). The
+``case_*`` functions run in the conformance suite's 4-device subprocess
+(``test_conformance.context_cases``); the checks that need one device run here.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linear_attention import ops
-from linear_attention.ops import scan as scan_ops
-from linear_attention.ops.context import SeqContext
+from linear_attention.ops import SeqContext
 from tests.helpers import assert_tree_close, keys, rand, value_and_grads
 from tests.ops import multidevice
 
@@ -29,10 +31,7 @@ CHUNK = 4
 TOL = dict(rtol=2e-4, atol=2e-4)
 # Boundaries inside slices (row 0) and exactly on the device edges 8 and 16 (row 1).
 SEG = np.array([[0] * 5 + [1] * 10 + [2] * 17, [3] * 8 + [5] * 8 + [6] * 16], np.int32)
-MESHES = {"seq4": ((4,), ("seq",), None), "data2_seq2": ((2, 2), ("data", "seq"), "data"),
-          # Auto axes, as the trainer's mesh: XLA's partitioner then places the ops around
-          # the context's shard_map itself (a segment start on a device edge was once lost).
-          "seq4_auto": ((4,), ("seq",), None)}
+MESHES = {"seq4": ((4,), ("seq",), None), "data2_seq2": ((2, 2), ("data", "seq"), "data")}
 
 
 def _unit(x):
@@ -43,8 +42,7 @@ def _compare(op, args, *, seg=True, state=True, meshes=("seq4",), **kw):
   """``op(*args, context=...)`` against ``op(*args)``: values and gradients.
 
   ``op`` takes ``segment_ids`` and ``return_state`` unless ``seg`` / ``state`` say not.
-  ``meshes``: keys of ``MESHES``; each engine runs one variant on both (compiling is
-  what these tests spend their time on).
+  ``meshes``: keys of ``MESHES``.
   """
   extra = dict(kw)
   if seg:
@@ -54,8 +52,7 @@ def _compare(op, args, *, seg=True, state=True, meshes=("seq4",), **kw):
   want = value_and_grads(lambda *a: op(*a, **extra), args)
   for name in meshes:
     shape, names, batch_axis = MESHES[name]
-    types = (jax.sharding.AxisType.Auto,) * len(names) if name.endswith("_auto") else None
-    mesh = jax.make_mesh(shape, names, axis_types=types)
+    mesh = jax.make_mesh(shape, names)
     ctx = SeqContext(mesh, "seq", batch_axis)
     with jax.set_mesh(mesh):
       got = value_and_grads(lambda *a: op(*a, context=ctx, **extra), args)
@@ -67,15 +64,13 @@ def _compare(op, args, *, seg=True, state=True, meshes=("seq4",), **kw):
 BOTH = ("seq4", "data2_seq2")
 
 
-def _qkv(seed, r=None):
+def _qkv(seed):
   kq, kk, kv = keys(seed, 3)
-  extra = () if r is None else (r,)
-  return (rand(kq, (B, T, H, K)), _unit(rand(kk, (B, T, H) + extra + (K,))),
-          rand(kv, (B, T, H) + extra + (V,)))
+  return rand(kq, (B, T, H, K)), _unit(rand(kk, (B, T, H, K))), rand(kv, (B, T, H, V))
 
 
-def _s0(seed, k=K, v=V):
-  return rand(keys(seed, 1)[0], (B, H, k, v))
+def _s0(seed):
+  return rand(keys(seed, 1)[0], (B, H, K, V))
 
 
 def _gate(seed, shape, strength=1.0):
@@ -86,137 +81,51 @@ def _beta(seed, shape):
   return jax.random.uniform(keys(seed, 1)[0], shape, minval=0.1, maxval=1.9)
 
 
-# --------------------------------------------------------------- the decay engine
+def _auto_meshes():
+  """SeqContexts on Auto-axes meshes ``(4,)`` and ``(2, 2)`` (the batch over "data")."""
+  auto = jax.sharding.AxisType.Auto
+  return {"seq4": SeqContext(jax.make_mesh((4,), ("seq",), axis_types=(auto,))),
+          "data2_seq2": SeqContext(jax.make_mesh((2, 2), ("data", "seq"), axis_types=(auto,) * 2),
+                                   batch_axis="data")}
 
 
-def case_decay_engine():
+# ------------------------------------------------------------------- strong gates
+
+
+def case_strong_gates():
+  """Gates down to -20 per step (per channel in the decay engine, per head in the delta
+  rule): exact underflow, no NaN or Inf in values or gradients."""
   q, k, v = _qkv(0)
   s0 = _s0(3)
-  _compare(lambda q, k, v, s0, **kw: ops.decay_linear_attention(
-      q, k, v, None, chunk_size=CHUNK, initial_state=s0, **kw), (q, k, v, s0))
-  # A per-channel gate down to -20 per step: exact underflow, no NaN or Inf.
   _compare(lambda q, k, v, g, s0, **kw: ops.decay_linear_attention(
       q, k, v, g, chunk_size=CHUNK, initial_state=s0, **kw),
-      (q, k, v, _gate(2, (B, T, H, K), strength=20.0), s0), meshes=BOTH)
-
-
-def case_gated_variants():
-  q, k, v = _qkv(4)
-  s0 = _s0(5)
-  g = _gate(6, (B, T, H, K))
-  _compare(lambda q, k, v, g, s0, **kw: ops.gla(q, k, v, g, chunk_size=CHUNK, initial_state=s0,
-                                                 **kw), (q, k, v, g, s0))
-  _compare(lambda q, k, v, s0, **kw: ops.retention(q, k, v, chunk_size=CHUNK, initial_state=s0,
-                                                    **kw), (q, k, v, s0))
-  _compare(lambda q, g, v, s0, **kw: ops.hgrn2(q, g, v, chunk_size=CHUNK, initial_state=s0,
-                                                **kw), (q, g, v, s0))
-  u = rand(keys(7, 1)[0], (H, K))
-  _compare(lambda q, k, v, g, u, s0, **kw: ops.rwkv6(q, k, v, g, u, chunk_size=CHUNK,
-                                                      initial_state=s0, **kw),
-           (q, k, v, g, u, s0))
-
-
-def case_ssd():
-  kx, kdt, ka, kb, kc, kd = keys(8, 6)
-  x = rand(kx, (B, T, 4, 3))
-  dt = rand(kdt, (B, T, 4))
-  a = -jnp.exp(rand(ka, (4,)))
-  bb, cc = rand(kb, (B, T, 2, 5)), rand(kc, (B, T, 2, 5))
-  d = rand(kd, (4,))
-  s0 = rand(keys(9, 1)[0], (B, 4, 5, 3))
-  _compare(lambda x, dt, a, bb, cc, d, s0, **kw: ops.ssd(
-      x, dt, a, bb, cc, d, dt_bias=jnp.ones(4), dt_softplus=True, chunk_size=CHUNK,
-      initial_state=s0, **kw), (x, dt, a, bb, cc, d, s0))
-
-
-def case_linear_and_rebased():
-  q, k, v = _qkv(10)
-  s0 = _s0(11, v=V + 1)
-  _compare(lambda q, k, v, s0, **kw: ops.linear_attention(
-      q, k, v, feature_map="elu", chunk_size=CHUNK, initial_state=s0, **kw), (q, k, v, s0))
-  # Stateless and normalised: the positive map's running key shift on the global arrays.
-  _compare(lambda q, k, v, **kw: ops.linear_attention(
-      q, k, v, feature_map="favor+", key=jax.random.PRNGKey(0), chunk_size=CHUNK, **kw),
-      (q, k, v), state=False)
-  # Bidirectional with segments: a reversed engine pass on the flipped global arrays.
-  _compare(lambda q, k, v, **kw: ops.linear_attention(
-      q, k, v, feature_map="elu", causal=False, chunk_size=CHUNK, **kw), (q, k, v),
-      state=False)
-  gamma, beta = 1.0 + 0.1 * rand(keys(12, 1)[0], (K,)), 0.1 * rand(keys(13, 1)[0], (K,))
-  _compare(lambda q, k, v, gamma, beta, **kw: ops.rebased_attention(
-      q, k, v, gamma, beta, chunk_size=CHUNK, **kw), (q, k, v, gamma, beta))
-
-
-def case_mlstm():
-  q, k, v = _qkv(14)
-  ig, fg = rand(keys(15, 1)[0], (B, T, H)), 2.0 + rand(keys(16, 1)[0], (B, T, H))
-  s0 = (_s0(17), rand(keys(18, 1)[0], (B, H, K)), rand(keys(19, 1)[0], (B, H)))
-  _compare(lambda q, k, v, ig, fg, s0, **kw: ops.mlstm(
-      q, k, v, ig, fg, chunk_size=CHUNK, initial_state=s0, **kw), (q, k, v, ig, fg, s0))
-
-
-# ----------------------------------------------------------- the delta-rule engine
-
-
-def case_delta_rule():
-  q, k, v = _qkv(20)
+      (q, k, v, _gate(2, (B, T, H, K), strength=20.0), s0))
   beta = _beta(21, (B, T, H))
-  s0 = _s0(22)
   g = _gate(23, (B, T, H))
-  _compare(lambda q, k, v, beta, s0, **kw: ops.deltanet(
-      q, k, v, beta, form="recurrent", initial_state=s0, **kw), (q, k, v, beta, s0))
-  _compare(lambda q, k, v, beta, g, s0, **kw: ops.gated_deltanet(
-      q, k, v, beta, g, chunk_size=CHUNK, initial_state=s0, normalize_qk=True, **kw),
-      (q, k, v, beta, g, s0), meshes=BOTH)
-  # Strong gates (down to -20 per step): exact underflow, no NaN in values or gradients.
   _compare(lambda q, k, v, beta, g, **kw: ops.delta_rule(
       q, k, v, beta, g, chunk_size=CHUNK, **kw), (q, k, v, beta, 20.0 * g))
 
 
-# ------------------------------------------------------------------ the DPLR engine
-
-
-def case_dplr():
-  q, k, v = _qkv(24)
-  s0 = _s0(25)
-  a = -0.5 * _unit(rand(keys(26, 1)[0], (B, T, H, K)))
-  b = _unit(rand(keys(27, 1)[0], (B, T, H, K)))
-  g = _gate(28, (B, T, H, K))
-  _compare(lambda q, k, v, a, b, g, s0, **kw: ops.dplr_attention(
-      q, k, v, a, b, g, form="recurrent", initial_state=s0, **kw), (q, k, v, a, b, g, s0))
-
-
-def case_kda_rwkv7_deltaproduct():
-  q, k, v = _qkv(29)
-  s0 = _s0(30)
-  beta = _beta(31, (B, T, H))
-  g = _gate(32, (B, T, H, K))
-  _compare(lambda q, k, v, beta, g, s0, **kw: ops.kda(
-      q, k, v, beta, g, form="chunk", chunk_size=CHUNK, initial_state=s0, **kw),
-      (q, k, v, beta, g, s0), meshes=BOTH)
-  kappa = _unit(rand(keys(33, 1)[0], (B, T, H, K)))
-  iclr = jax.nn.sigmoid(rand(keys(34, 1)[0], (B, T, H, K)))
-  bonus = rand(keys(35, 1)[0], (H, K))
-  _compare(lambda r, k, v, g, kappa, iclr, bonus, s0, **kw: ops.rwkv7(
-      r, k, v, g, kappa, iclr, bonus=bonus, form="recurrent", initial_state=s0, **kw),
-      (q, k, v, g, kappa, iclr, bonus, s0))
-  _, k2, v2 = _qkv(36, r=2)
-  beta2 = _beta(37, (B, T, H, 2))
-  _compare(lambda q, k, v, beta, g, s0, **kw: ops.gated_deltaproduct(
-      q, k, v, beta, g, form="recurrent", initial_state=s0, **kw),
-      (q, k2, v2, beta2, g[..., 0], s0))
+def case_feature_maps():
+  """The positive map's running key shift (stateless, normalised) and the bidirectional
+  form (a reversed engine pass on the flipped global arrays)."""
+  q, k, v = _qkv(10)
+  _compare(lambda q, k, v, **kw: ops.linear_attention(
+      q, k, v, feature_map="favor+", key=jax.random.PRNGKey(0), chunk_size=CHUNK, **kw),
+      (q, k, v), state=False)
+  _compare(lambda q, k, v, **kw: ops.linear_attention(
+      q, k, v, feature_map="elu", causal=False, chunk_size=CHUNK, **kw), (q, k, v),
+      state=False)
 
 
 # ------------------------------------------------------------------ the scan engine
 
 
-def case_linear_scan():
+def case_linear_scan_reverse():
   ka, kb, kh = keys(38, 3)
   a = jax.random.uniform(ka, (B, T, 3, 2), minval=-1.0, maxval=1.0)
   bb = rand(kb, (B, T, 3, 2))
   h0 = rand(kh, (B, 3, 2))
-  _compare(lambda a, b, h0, **kw: ops.linear_scan(a, b, h0=h0, chunk_size=CHUNK, **kw),
-           (a, bb, h0))
   _compare(lambda a, b, h0, **kw: ops.linear_scan(a, b, h0=h0, form="recurrent", reverse=True,
                                                   **kw), (a, bb, h0))
 
@@ -234,46 +143,25 @@ def case_outside_set_mesh():
                     value_and_grads(fn, (q, k, v)), **TOL)
 
 
-def case_rg_lru():
-  kx, kr, ki, kl = keys(39, 4)
-  x, gr, gi = (rand(kk, (B, T, 6)) for kk in (kx, kr, ki))
-  lam = rand(kl, (6,))
-  _compare(lambda x, gr, gi, lam, **kw: ops.rg_lru(x, gr, gi, lam, chunk_size=CHUNK, **kw),
-           (x, gr, gi, lam), meshes=("seq4", "seq4_auto"))
-
-
-def case_s4d():
+def case_s4d_bidirectional():
   d, n = 3, 4
   a_re, a_im = ops.s4d_init("lin", n, d)
-  kb, kc, ku, kh = keys(40, 4)
-  bp, cp = rand(kb, (d, n)), rand(kc, (d, n))
+  kb, ku = keys(40, 2)
+  bp = rand(kb, (d, n))
   log_dt = jnp.log(0.1) * jnp.ones(d)
   u = rand(ku, (B, T, d))
-  h0 = (rand(kh, (B, d, n)) + 1j * rand(keys(41, 1)[0], (B, d, n))).astype(jnp.complex64)
-
-  def causal(u, a_re, bp, cp, h0_re, h0_im, **kw):
-    y, s = ops.s4d(u, a_re, a_im, bp, cp, log_dt, initial_state=h0_re + 1j * h0_im,
-                   chunk_size=CHUNK, **kw)
-    return y, s.real, s.imag
-
-  _compare(causal, (u, a_re, bp, cp, h0.real, h0.imag))
   c2 = rand(keys(42, 1)[0], (2, d, n))
   _compare(lambda u, a_re, c2, **kw: ops.s4d(u, a_re, a_im, bp, c2, log_dt, bidirectional=True,
                                              chunk_size=CHUNK, **kw), (u, a_re, c2),
            state=False)
 
 
-def case_selective_scan():
+def case_selective_scan_groups_and_reset():
   d, n = 4, 3
   kx, kdt, ka, kb, kc, kz, kh = keys(43, 7)
-  x, dt, z = rand(kx, (B, T, d)), rand(kdt, (B, T, d)), rand(kz, (B, T, d))
+  x, dt = rand(kx, (B, T, d)), rand(kdt, (B, T, d))
   a = -jnp.exp(rand(ka, (d, n)))
-  bb, cc = rand(kb, (B, T, n)), rand(kc, (B, T, n))
   h0 = rand(kh, (B, d, n))
-  for form, meshes in (("recurrent", BOTH), ("chunk", ("seq4",)), ("decay", ("seq4",))):
-    _compare(lambda x, dt, a, bb, cc, z, h0, **kw: ops.selective_scan(
-        x, dt, a, bb, cc, None, z, form=form, chunk_size=CHUNK, initial_state=h0, **kw),
-        (x, dt, a, bb, cc, z, h0), meshes=meshes)
   # Grouped B, C (two groups of two channels) and an A = -inf channel (a hard reset at
   # every step) through the recurrent form's own fold.
   a = a.at[1, 2].set(-jnp.inf)
@@ -304,6 +192,85 @@ def case_selective_scan_memory():
     sharded = plan(SeqContext(mesh))
   ratio = sharded / plan(None)
   assert ratio < 0.75, f"per-device memory {ratio:.2f}x the unsharded plan"
+
+
+# ------------------------------------------------------- halos and gathered attention
+
+
+def _randn(seed, *shapes, dtype=jnp.float32):
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(shapes))
+  return [jax.random.normal(k, s, dtype) for k, s in zip(keys, shapes)]
+
+
+def _check(fn, args, *, tol=TOL, name=""):
+  """``fn(*args, context=ctx)`` against ``fn(*args)``: every output (``fn`` returns a list,
+  one entry per variant, so that a case compiles once per mesh) and every argument's
+  gradient, jitted, on each mesh (the sharded call traced under ``jax.set_mesh``)."""
+
+  def both(context):
+    f = lambda *a: fn(*a, context=context)
+    shapes = jax.eval_shape(f, *args)
+    # Fixed random cotangents, so that no gradient is a plain sum.
+    ws = [jax.random.normal(jax.random.PRNGKey(9 + i), s.shape) for i, s in enumerate(shapes)]
+    loss = lambda *a: sum(jnp.sum(o.astype(jnp.float32) * w) for o, w in zip(f(*a), ws))
+    return jax.jit(lambda *a: (f(*a), jax.grad(loss, argnums=tuple(range(len(a))))(*a)))
+
+  want = both(None)(*args)
+  for mesh_name, ctx in _auto_meshes().items():
+    with jax.set_mesh(ctx.mesh):
+      got = both(ctx)(*args)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                 err_msg=f"{name} {mesh_name} {jax.tree_util.keystr(path)}",
+                                 **tol)
+
+
+def case_halo_as_long_as_a_slice():
+  """A convolution of width 6 and a window of 6: the halo is the whole previous slice
+  (5 tokens a device); the window also without the causal mask."""
+  t = 20
+  seg = jnp.asarray(np.array([[0] * 3 + [1] * 9 + [2] * 8, [5] * 10 + [6] * 5 + [5] * 5],
+                             np.int32))
+  x, w6 = _randn(1, (B, t, 6), (6, 6))
+  q, k, v = _randn(5, (B, t, 2, 4), (B, t, 2, 4), (B, t, 2, 3))
+
+  def fn(x, w6, q, k, v, context):
+    return [ops.causal_conv1d(x, w6, segment_ids=seg, context=context)] + [
+        ops.sliding_window_attention(q, k, v, window=6, causal=causal, segment_ids=s,
+                                     block_size=4, context=context)
+        for causal in (True, False) for s in (None, seg)]
+
+  _check(fn, (x, w6, q, k, v), name="halo")
+
+
+def case_softmax_unmasked_and_bfloat16():
+  """Softmax attention without the causal mask (both algorithms), and in bfloat16
+  (``2e-2`` against the unsharded bfloat16 call: one bfloat16 rounding apart)."""
+  q, k, v = _randn(2, (B, T, 2, 4), (B, T, 2, 4), (B, T, 2, 3))
+  seg = jnp.asarray(SEG)
+  _check(lambda q, k, v, context: [
+      ops.softmax_attention(q, k, v, causal=False, segment_ids=s, algorithm=algorithm,
+                            block_size=4, context=context)
+      for algorithm in ("naive", "blockwise") for s in (None, seg)], (q, k, v), name="softmax")
+  qb, kb, vb = _randn(3, (B, T, 2, 4), (B, T, 2, 4), (B, T, 2, 4), dtype=jnp.bfloat16)
+  _check(lambda q, k, v, context: [ops.softmax_attention(
+      q, k, v, causal=True, segment_ids=seg, context=context)],
+         (qb, kb, vb), tol=dict(rtol=2e-2, atol=2e-2), name="softmax bf16")
+
+
+def case_loglinear_aligned():
+  """No segments, no initial state, 8 tokens a device: log-linear attention's aligned
+  Fenwick form per slice, with every level distinct (L = 6 = log2(32) + 1)."""
+  kq, kk, kv, kg, kl = keys(60, 5)
+  args = (rand(kq, (B, T, H, K)), rand(kk, (B, T, H, K)), rand(kv, (B, T, H, V)),
+          -jax.random.uniform(kg, (B, T, H)), jax.nn.softplus(rand(kl, (B, T, H, 6))))
+
+  def op(q, k, v, g, lam, **kw):
+    o, (s, pos) = ops.loglinear_decay_attention(q, k, v, g, lam, chunk_size=CHUNK,
+                                                return_state=True, **kw)
+    return o, s, pos
+
+  _compare(op, args, seg=False, state=False, meshes=BOTH)
 
 
 # ---------------------------------------------- inside the caller's own shard_map
@@ -346,6 +313,28 @@ def case_local_slices():
     assert_tree_close(value_and_grads(sharded, args), value_and_grads(ref, args), **TOL)
 
 
+def case_mixers_inside_user_shard_map():
+  """Inside the caller's own ``shard_map`` the ops run their per-device bodies directly."""
+  ctx = _auto_meshes()["seq4"]
+  x, w = _randn(6, (B, T, 4), (3, 4))
+  q, k, v = _randn(7, (B, T, 2, 4), (B, T, 2, 4), (B, T, 2, 4))
+  spec = jax.sharding.PartitionSpec(None, "seq")
+
+  def local(x, w, q, k, v):
+    return (ops.causal_conv1d(x, w, context=ctx),
+            ops.softmax_attention(q, k, v, causal=True, context=ctx),
+            ops.sliding_window_attention(q, k, v, window=3, context=ctx))
+
+  f = jax.shard_map(local, mesh=ctx.mesh, in_specs=(spec, jax.sharding.PartitionSpec(), spec,
+                                                    spec, spec), out_specs=(spec,) * 3)
+  with jax.set_mesh(ctx.mesh):
+    got = jax.jit(f)(x, w, q, k, v)
+  want = (ops.causal_conv1d(x, w), ops.softmax_attention(q, k, v, causal=True),
+          ops.sliding_window_attention(q, k, v, window=3))
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, **TOL)
+
+
 def case_errors():
   """A sequence the mesh axis does not divide: a ValueError naming ``context``."""
   ctx = SeqContext(jax.make_mesh((4,), ("seq",)), "seq")
@@ -363,16 +352,27 @@ def case_errors():
       raise AssertionError("no ValueError for T = 30 on 4 devices")
 
 
+def case_mixer_errors():
+  ctx = _auto_meshes()["seq4"]
+  x, w = _randn(8, (B, 8, 4), (4, 4))  # 2 tokens a device
+  q = jnp.ones((B, 8, 1, 4))
+  for fn, match in (
+      (lambda: ops.causal_conv1d(x, w, context=ctx),
+       "short convolution of width 4 needs at least 3 tokens per device"),
+      (lambda: ops.sliding_window_attention(q, q, q, window=4, context=ctx),
+       "sliding window of 4 needs at least 3 tokens per device"),
+      (lambda: ops.softmax_attention(q[:, :6], q[:, :6], q[:, :6], context=ctx),
+       "T = 6 must be divisible by the size of mesh axis 'seq' \\(4\\)"),
+      (lambda: ops.softmax_attention(q, q, q, implementation="pallas", context=ctx),
+       "implementation must be None or 'xla' with a context"),
+      (lambda: ops.forgetting_attention(q, q, q, jnp.zeros((B, 8, 1)), context="seq"),
+       "context must be None or a linear_attention.ops.context.SeqContext")):
+    with pytest.raises(ValueError, match=match):
+      with jax.set_mesh(ctx.mesh):
+        fn()
+
+
 CASES = multidevice.cases(globals())
-
-
-def _run_cases() -> None:
-  multidevice.run_cases(CASES)
-
-
-def test_four_devices():
-  """Every case of ``CASES`` on 4 fake CPU devices, in one subprocess."""
-  multidevice.check_in_subprocess("tests.ops.test_context", CASES)
 
 
 # ------------------------------------------------------- in-process (one device)
@@ -439,6 +439,23 @@ def test_local_only_refusals():
     jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)(q, k, v)
   with pytest.raises(ValueError, match="context: reverse=True needs the global arrays"):
     jax.shard_map(
-        lambda a: scan_ops.linear_scan(a, a, reverse=True, context=SeqContext(
+        lambda a: ops.linear_scan(a, a, reverse=True, context=SeqContext(
             jax.sharding.get_abstract_mesh(), "seq")),
         mesh=mesh, in_specs=spec, out_specs=spec)(q)
+
+
+def test_one_device_context_is_the_op():
+  """A context over a 1-device axis runs the same bodies (halo of zeros, a gather of one)."""
+  ctx = SeqContext(jax.make_mesh((1,), ("seq",)))
+  x, w = _randn(10, (B, T, 4), (3, 4))
+  q, k, v = _randn(11, (B, T, 2, 4), (B, T, 2, 4), (B, T, 2, 4))
+  seg = jnp.asarray(SEG)
+  np.testing.assert_allclose(ops.causal_conv1d(x, w, segment_ids=seg, context=ctx),
+                             ops.causal_conv1d(x, w, segment_ids=seg), **TOL)
+  np.testing.assert_allclose(
+      ops.softmax_attention(q, k, v, causal=True, segment_ids=seg, context=ctx),
+      ops.softmax_attention(q, k, v, causal=True, segment_ids=seg), **TOL)
+  np.testing.assert_allclose(
+      ops.sliding_window_attention(q, k, v, window=4, causal=False, segment_ids=seg,
+                                   context=ctx),
+      ops.sliding_window_attention(q, k, v, window=4, causal=False, segment_ids=seg), **TOL)

@@ -13,11 +13,15 @@ class FakeDataset:
   """
 
   def __init__(self, kind="lm", vocab_size=16, seq_len=16, batch_size=8, seed=0, num_classes=4,
-               nan_at=None):
+               nan_at=None, bad_id_at=None, bad_id=None):
     self.kind, self.vocab_size, self.seq_len, self.batch_size = kind, vocab_size, seq_len, batch_size
     self.num_classes = num_classes if kind == "classify" else None
     self.seed = seed
     self.nan_at = nan_at  # a train step whose mask holds an Inf (to test the NaN guard)
+    # A train step whose first input is ``bad_id`` (default ``vocab_size``, just outside
+    # the vocabulary): it breaks the data contract, to test the data checks.
+    self.bad_id_at = bad_id_at
+    self.bad_id = vocab_size if bad_id is None else bad_id
 
   def batch(self, step, split="train"):
     rng = np.random.default_rng([self.seed, {"train": 0, "validation": 1}[split], step])
@@ -25,6 +29,8 @@ class FakeDataset:
     first = rng.integers(0, self.vocab_size, (self.batch_size, half))
     seq = np.concatenate([first, first, first[:, :1]], axis=1)[:, :self.seq_len + 1]
     inputs = seq[:, :-1].astype(np.int32)
+    if split == "train" and step == self.bad_id_at:
+      inputs[0, 0] = self.bad_id
     if self.kind == "lm":
       mask = np.zeros((self.batch_size, self.seq_len), np.float32)
       mask[:, half - 1:] = 1.0

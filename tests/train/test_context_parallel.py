@@ -12,7 +12,7 @@ The checks that need 4 devices run in one subprocess (``XLA_FLAGS=
   gradient leaf (the sharded path sums the per-device states in another order);
 - packed segments through the halo convolution and all-gather attention (boundaries
   inside a slice and on a slice edge), outputs and gradients, same tolerance (the
-  engine's segments are covered by ``tests/ops/test_sequence_parallel.py``);
+  engine's segments are covered by the conformance suite's context check);
 - (the trainer's ``mesh.seq=2`` against ``mesh.seq=1`` is in
   ``test_context_parallel_trainer.py``);
 - the errors: an unsupported mixer, ``seq`` not dividing ``T`` or the device count.
@@ -23,17 +23,13 @@ GIL), for the 2-core CI machine.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
 import pytest
 
 from linear_attention.train import sharding
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import run_on_fake_devices
 
 SCRIPT = textwrap.dedent("""
     import time
@@ -160,12 +156,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_context_parallel_matches_unsharded(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-         "JAX_PLATFORMS": "cpu"}
-  code = f"WORKDIR = {str(tmp_path)!r}\n" + SCRIPT
-  p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=600)
-  assert p.returncode == 0 and "CONTEXT PARALLEL OK" in p.stdout, (p.stdout + p.stderr)[-4000:]
+  run_on_fake_devices(SCRIPT, "CONTEXT PARALLEL OK", workdir=tmp_path)
 
 
 def test_mesh_errors_on_one_device():

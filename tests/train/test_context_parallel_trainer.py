@@ -11,12 +11,9 @@ steps). One subprocess with 2 fake CPU devices.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import run_on_fake_devices
 
 SCRIPT = textwrap.dedent("""
     import time
@@ -51,9 +48,4 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_trainer_seq2_matches_seq1(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-         "JAX_PLATFORMS": "cpu"}
-  code = f"WORKDIR = {str(tmp_path)!r}\n" + SCRIPT
-  p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=600)
-  assert p.returncode == 0 and "TRAINER OK" in p.stdout, (p.stdout + p.stderr)[-4000:]
+  run_on_fake_devices(SCRIPT, "TRAINER OK", devices=2, workdir=tmp_path)

@@ -333,22 +333,11 @@ def test_non_finite_message_names_what_was_not_finite():
 
 
 def test_out_of_vocabulary_ids_are_refused(tmp_path):
-  class Bad(FakeDataset):
-    def __init__(self, at):
-      super().__init__()
-      self.at = at
-
-    def batch(self, step, split="train"):
-      b = super().batch(step, split)
-      if split == "train" and step == self.at:
-        b["inputs"][0, 3] = self.vocab_size + 4
-      return b
-
   with pytest.raises(errors.ConfigError, match="inputs id 20, outside the vocabulary of size 16"):
-    _train(tmp_path / "a", ds=Bad(0))
+    _train(tmp_path / "a", ds=FakeDataset(bad_id_at=0, bad_id=20))
   assert not (tmp_path / "a").exists()  # the first batch is checked before anything is written
   with pytest.raises(errors.DataError, match="step 3 holds inputs id 20.*size 16"):
-    _train(tmp_path / "b", ds=Bad(3))
+    _train(tmp_path / "b", ds=FakeDataset(bad_id_at=3, bad_id=20))
   neg = FakeDataset()
   b = neg.batch(0)
   b["targets"][1, -1] = -1

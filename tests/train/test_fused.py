@@ -10,6 +10,7 @@ import pytest
 
 from linear_attention import train
 from linear_attention.train import errors, trainer
+from tests.helpers import run_on_fake_devices
 from tests.train.fake_data import FakeDataset, fake_config
 
 
@@ -72,20 +73,6 @@ def test_fused_loop_matches_one_step_loop_on_the_mqar_smoke_config(tmp_path):
   _assert_same_run(tmp_path / "1", tmp_path / "5", out[1], out[5])
 
 
-class _BadAt(FakeDataset):
-  """Breaks the data contract at one training step (the run stops there with a DataError)."""
-
-  def __init__(self, at):
-    super().__init__()
-    self.at = at
-
-  def batch(self, step, split="train"):
-    b = super().batch(step, split)
-    if split == "train" and step == self.at:
-      b["inputs"][0, 0] = self.vocab_size
-    return b
-
-
 def test_resume_at_a_step_inside_a_chunk_matches_the_uninterrupted_run(tmp_path):
   kw = dict(steps=12, eval_every=0, keep_checkpoints=5)
   ref = train.train_and_evaluate(fake_config(**kw, log_every=4, checkpoint_every=4,
@@ -95,7 +82,7 @@ def test_resume_at_a_step_inside_a_chunk_matches_the_uninterrupted_run(tmp_path)
   with pytest.raises(errors.DataError, match="step 6"):
     train.train_and_evaluate(fake_config(**kw, log_every=1, checkpoint_every=5,
                                          steps_per_dispatch=1),
-                             wd, dataset=_BadAt(6), verbose=False)
+                             wd, dataset=FakeDataset(bad_id_at=6), verbose=False)
   assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["5"]
   # Resumed at step 5 with chunks of 4: steps 5-7 one at a time, then 8-11 fused.
   res = train.train_and_evaluate(fake_config(**kw, log_every=4, checkpoint_every=4,
@@ -142,11 +129,4 @@ print("FUSED MULTIDEVICE OK")
 
 
 def test_fused_steps_on_four_devices_match_one_device(tmp_path):
-  import subprocess
-  import sys
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-         "JAX_PLATFORMS": "cpu"}
-  p = subprocess.run([sys.executable, "-c", f"WORKDIR = {str(tmp_path)!r}\n" + _MULTIDEVICE],
-                     cwd=root, env=env, capture_output=True, text=True, timeout=600)
-  assert p.returncode == 0 and "FUSED MULTIDEVICE OK" in p.stdout, (p.stdout + p.stderr)[-4000:]
+  run_on_fake_devices(_MULTIDEVICE, "FUSED MULTIDEVICE OK", workdir=tmp_path)

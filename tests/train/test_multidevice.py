@@ -3,12 +3,9 @@ fake CPU devices match one device (run in a subprocess)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import run_on_fake_devices
 
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np
@@ -55,9 +52,4 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_dp_and_fsdp_match_single_device(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-         "JAX_PLATFORMS": "cpu"}
-  code = f"WORKDIR = {str(tmp_path)!r}\n" + SCRIPT
-  p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=300)
-  assert p.returncode == 0 and "MULTIDEVICE OK" in p.stdout, (p.stdout + p.stderr)[-4000:]
+  run_on_fake_devices(SCRIPT, "MULTIDEVICE OK", workdir=tmp_path, timeout=300)

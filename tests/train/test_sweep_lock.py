@@ -25,8 +25,8 @@ def _fake_runs(monkeypatch):
     return {"overrides": dict(overrides), "status": "done", "returncode": 0, "metrics": {},
             "skipped": False}
 
-  monkeypatch.setattr(sweep, "run_point", run_point)
-  monkeypatch.setattr(sweep, "load_sweep", lambda config_arg: POINTS)
+  monkeypatch.setattr(sweep.runner, "run_point", run_point)
+  monkeypatch.setattr(sweep.runner, "load_sweep", lambda config_arg: POINTS)
   return ran
 
 
@@ -58,7 +58,7 @@ def test_lock_of_a_killed_sweep_is_taken_over(tmp_path, monkeypatch):
 
 def _point_with(monkeypatch, tmp_path, code: str):
   """A point whose "trainer" runs ``code`` (with the point's directory as argv[1])."""
-  monkeypatch.setattr(sweep, "point_command", lambda config_arg, workdir, overrides, extra=(): [
+  monkeypatch.setattr(sweep.runner, "point_command", lambda config_arg, workdir, overrides, extra=(): [
       sys.executable, "-c", code, workdir])
   return str(tmp_path / "000-mixer=gla")
 

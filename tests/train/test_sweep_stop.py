@@ -67,7 +67,7 @@ def fake_trainers(tmp_path, monkeypatch):
   def command(config_arg, workdir, overrides, extra_flags=()):
     return [sys.executable, str(script), workdir, overrides["mode"], str(overrides["step"])]
 
-  monkeypatch.setattr(sweep, "point_command", command)
+  monkeypatch.setattr(sweep.runner, "point_command", command)
   return tmp_path / "sweep"
 
 
@@ -211,7 +211,7 @@ def test_stop_grace_must_be_positive(tmp_path):
 
 def test_a_stopped_study_ends_in_one_error_line_and_exit_3(fake_trainers, capfd):
   # Before: the SweepStoppedError's traceback, exit 1.
-  sys.path.insert(0, os.path.join(ROOT, "experiments"))
+  sys.path.insert(0, os.path.join(ROOT, "experiments", "studies"))
   try:
     import _study_utils as su
   finally:
@@ -267,7 +267,7 @@ while time.monotonic() < deadline:
 """
 RUN_STUDIES = """
 import sys
-sys.path.insert(0, "experiments")
+sys.path.insert(0, "experiments/studies")
 import run_studies
 script, marker, logs = sys.argv[1:4]
 run_studies.STUDIES = {"fake": (script, marker)}
