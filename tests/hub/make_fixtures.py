@@ -80,9 +80,6 @@ FAMILIES = {
     # qk and v widths multiples of 64: transformers' xLSTM cache rounds them up to 64.
     "xlstm": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0, v_dim_factor=4.0,
                                   chunk_size=4, tie_word_embeddings=False), True),
-    "xlstm_fused": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0,
-                                        v_dim_factor=4.0, chunk_size=4, weight_mode="fused",
-                                        tie_word_embeddings=False), True),
     "qwen3_next": ("Qwen3NextConfig", dict(
         _COMMON, num_hidden_layers=4, layer_types=["linear_attention", "full_attention",
                                                    "linear_attention", "full_attention"],
