@@ -4,7 +4,6 @@ token-by-token decoding against the same forward. Skipped without torch/transfor
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
