@@ -7,9 +7,9 @@
     hub.save_pretrained(model, "/path/to/out")                   # transformers loads it
 
 :func:`from_pretrained` reads ``config.json`` and ``model.safetensors`` (or the shards named
-in ``model.safetensors.index.json``; float32, bfloat16 or float16), memory-mapped, one
-tensor at a time, into a model built abstractly (no random init), so peak host memory
-stays near one copy of the model. Every checkpoint tensor must be used and every parameter
+in ``model.safetensors.index.json``; float32, bfloat16 or float16) one tensor at a time,
+each read straight from its offset in the file (no memory map left resident), into a model
+built abstractly (no random init), so peak host memory stays near one copy of the model. Every checkpoint tensor must be used and every parameter
 set, or the ``ValueError`` names each one that is not. No network: a hub name gets an
 error saying how to download it (``huggingface-cli download NAME --local-dir DIR``).
 

@@ -1,15 +1,13 @@
 """Reading and writing transformers' checkpoint layout: ``config.json`` plus safetensors.
 
 A directory holds ``model.safetensors``, or shards named in ``model.safetensors.index.json``
-(``{"weight_map": {tensor name: shard file}}``). Tensors are read through
-``safetensors.safe_open`` (memory-mapped), one at a time, so reading never holds more than
-the tensor being placed besides the model itself. NumPy arrays throughout (bfloat16 through
-``ml_dtypes``), so no torch is needed.
+(``{"weight_map": {tensor name: shard file}}``). Tensors are read one at a time (see
+:class:`Reader`), so reading never holds more than the tensor being placed besides the model
+itself. NumPy arrays throughout (bfloat16 through ``ml_dtypes``), so no torch is needed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
@@ -29,6 +27,9 @@ DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
           "F16": np.dtype(np.float16)}
 DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
                np.dtype(np.float16): "float16"}
+READ_DTYPES = {**DTYPES, "F64": np.dtype(np.float64), "I64": np.dtype(np.int64),
+               "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
+               "U8": np.dtype(np.uint8), "BOOL": np.dtype(bool)}
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -89,37 +90,53 @@ def tensor_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 class Reader:
-  """Opens each shard once and reads tensors by name; a context manager.
+  """Reads tensors by name from safetensors files, one at a time; a context manager.
 
-  ``shape(name)`` and ``dtype(name)`` read the header only; ``get(name)`` reads one tensor.
+  ``shape(name)`` and ``dtype(name)`` read the file's header only. ``get(name)`` reads that
+  tensor's bytes straight into a fresh array (``numpy.fromfile`` at its offset): no mapping
+  of the file stays resident, so loading holds the model plus the tensor being placed, even
+  with shards of several GB (a memory map would keep every page read counted in RSS until
+  the file is closed).
   """
 
   def __init__(self, files: Mapping[str, pathlib.Path]):
     self.files = dict(files)
-    self._stack = contextlib.ExitStack()
-    self._open: dict[pathlib.Path, object] = {}
+    self._headers: dict[pathlib.Path, tuple[int, dict]] = {}
 
   def __enter__(self) -> "Reader":
     return self
 
   def __exit__(self, *exc) -> None:
-    self._stack.close()
+    self._headers.clear()
 
-  def _handle(self, name: str):
+  def _entry(self, name: str) -> tuple[pathlib.Path, int, dict]:
     path = self.files[name]
-    if path not in self._open:
-      self._open[path] = self._stack.enter_context(safe_open(path, framework="numpy"))
-    return self._open[path]
+    if path not in self._headers:
+      with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        self._headers[path] = (8 + n, json.loads(f.read(n)))
+    start, header = self._headers[path]
+    if name not in header:
+      raise ValueError(f"{path.name} does not hold tensor {name!r} (its index says it does).")
+    return path, start, header[name]
 
   def shape(self, name: str) -> tuple[int, ...]:
-    return tuple(self._handle(name).get_slice(name).get_shape())
+    return tuple(self._entry(name)[2]["shape"])
 
   def dtype(self, name: str) -> str:
     """The safetensors dtype code (``"F32"``, ``"BF16"``, ...)."""
-    return self._handle(name).get_slice(name).get_dtype()
+    return self._entry(name)[2]["dtype"]
 
   def get(self, name: str) -> np.ndarray:
-    return self._handle(name).get_tensor(name)
+    path, start, entry = self._entry(name)
+    code = entry["dtype"]
+    if code not in READ_DTYPES:
+      raise ValueError(f"tensor {name!r} has dtype {code}; readable: {sorted(READ_DTYPES)}.")
+    dtype = READ_DTYPES[code]
+    begin, end = entry["data_offsets"]
+    count = (end - begin) // dtype.itemsize
+    array = np.fromfile(path, dtype=dtype.newbyteorder("<"), count=count, offset=start + begin)
+    return array.reshape(entry["shape"])
 
 
 def write(directory: pathlib.Path, tensors: Iterator[tuple[str, np.ndarray]], sizes: Mapping[str, int],

@@ -100,7 +100,8 @@ def from_pretrained(path, *, dtype=None) -> nnx.Module:
       else:
         values, paths, names = [e.load([reader.get(n) for n in e.names])], (e.path,), e.names
       for p, value in zip(paths, values):
-        var, value = variables[p], np.asarray(value)
+        # Contiguous before the read buffer is dropped: at most two host copies of one tensor.
+        var, value = variables[p], np.ascontiguousarray(value)
         if tuple(value.shape) != tuple(var.shape):
           bad_shapes.append(f"{' + '.join(names)}: checkpoint gives {tuple(value.shape)}, "
                             f"the parameter {'/'.join(map(str, p))} is {tuple(var.shape)}")

@@ -81,6 +81,8 @@ class LayerSpec:
     norm_offset: 1 for zero-centred norm scales (``1 + scale``, Qwen3-Next), else 0.
     post_norm: normalise the mixer's and the MLP's outputs instead of their inputs
       (``x + RMSNorm(mixer(x))``, OLMo-2/OLMo-Hybrid's attention layers).
+    residual_scale: multiplies the mixer's and the MLP's outputs before each residual add
+      (Granite's ``residual_multiplier``).
   """
   mixer: str | None
   num_heads: int = 1
@@ -91,6 +93,7 @@ class LayerSpec:
   mlp_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   norm_offset: float = 0.0
   post_norm: bool = False
+  residual_scale: float = 1.0
 
   def __post_init__(self):
     if self.mixer is None and self.mlp is None:
@@ -130,6 +133,7 @@ class Block(nnx.Module):
     mlp_kwargs: the MLP's options (``mlp="moe"``: :class:`~linear_attention.nn.moe.MoE`'s).
     norm_offset: 1 for zero-centred norm scales (``1 + scale``), else 0.
     post_norm: ``x + RMSNorm(mixer(x))`` and ``x + RMSNorm(MLP(x))`` (norms after, not before).
+    residual_scale: multiplies the mixer's and the MLP's outputs before the residual adds.
 
   ``mixer=None`` makes a block that is only ``x + MLP(RMSNorm(x))`` (its cache is ``None``).
   """
@@ -138,8 +142,8 @@ class Block(nnx.Module):
                mlp_ratio: float = 8 / 3, mixer_kwargs: Mapping[str, Any] | None = None,
                norm_eps: float = 1e-6, short_conv: int = 0, mlp: str = "swiglu",
                hidden: int | None = None, mlp_kwargs: Mapping[str, Any] | None = None,
-               norm_offset: float = 0.0, post_norm: bool = False, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               norm_offset: float = 0.0, post_norm: bool = False, residual_scale: float = 1.0,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     if short_conv < 0 or short_conv == 1:
       raise ValueError(f"short_conv must be 0 (none) or a width >= 2, got {short_conv}.")
     if mlp not in MLPS:
@@ -149,6 +153,9 @@ class Block(nnx.Module):
     if post_norm and short_conv:
       raise ValueError(f"short_conv reads the normalised input; post_norm=True has none, got "
                        f"short_conv={short_conv}.")
+    if isinstance(residual_scale, bool) or not isinstance(residual_scale, (int, float)):
+      raise ValueError(f"residual_scale must be a number, got {residual_scale!r}.")
+    self.residual_scale = float(residual_scale)
     self.mixer_name = mixer
     self.post_norm = bool(post_norm)
     if norm_offset:
@@ -179,26 +186,30 @@ class Block(nnx.Module):
     return cls(d_model, spec.mixer, spec.num_heads, mixer_kwargs=spec.mixer_kwargs,
                norm_eps=spec.norm_eps, mlp=spec.mlp or "swiglu",
                hidden=spec.mlp_hidden if spec.mlp else 0, mlp_kwargs=spec.mlp_kwargs,
-               norm_offset=spec.norm_offset, post_norm=spec.post_norm, rngs=rngs, dtype=dtype,
+               norm_offset=spec.norm_offset, post_norm=spec.post_norm,
+               residual_scale=spec.residual_scale, rngs=rngs, dtype=dtype,
                param_dtype=param_dtype)
+
+  def _scaled(self, y):
+    return y if self.residual_scale == 1.0 else y * self.residual_scale
 
   def _mlp(self, x):
     if self.mlp is None:
       return x
     if self.post_norm:
-      return x + self.mlp_norm(self.mlp(x))
-    return x + self.mlp(self.mlp_norm(x))
+      return x + self._scaled(self.mlp_norm(self.mlp(x)))
+    return x + self._scaled(self.mlp(self.mlp_norm(x)))
 
   def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
     """``x [B, T, D]`` -> ``[B, T, D]``."""
     if self.mixer is None:
       return self._mlp(x)
     if self.post_norm:
-      return self._mlp(x + self.mixer_norm(self.mixer(x, segment_ids=segment_ids)))
+      return self._mlp(x + self._scaled(self.mixer_norm(self.mixer(x, segment_ids=segment_ids))))
     h = self.mixer_norm(x)
     if self.pre_conv is not None:
       h = self.pre_conv(h, segment_ids=segment_ids)
-    x = x + self.mixer(h, segment_ids=segment_ids)
+    x = x + self._scaled(self.mixer(h, segment_ids=segment_ids))
     return self._mlp(x)
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32):
@@ -216,11 +227,11 @@ class Block(nnx.Module):
       return self._mlp(x), cache
     if self.post_norm:
       y, cache = self.mixer.decode_step(x, cache)
-      return self._mlp(x + self.mixer_norm(y)), cache
+      return self._mlp(x + self._scaled(self.mixer_norm(y))), cache
     h = self.mixer_norm(x)
     if self.pre_conv is None:
       y, cache = self.mixer.decode_step(h, cache)
-      return self._mlp(x + y), cache
+      return self._mlp(x + self._scaled(y)), cache
     h, conv = self.pre_conv.step(h, cache["conv"])
     y, mixer_cache = self.mixer.decode_step(h, cache["mixer"])
-    return self._mlp(x + y), {"mixer": mixer_cache, "conv": conv}
+    return self._mlp(x + self._scaled(y)), {"mixer": mixer_cache, "conv": conv}

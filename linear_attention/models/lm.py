@@ -85,6 +85,12 @@ def resolve_pattern(num_layers: int | None, mixer: str | None = None,
   return names
 
 
+def _check_scale(name: str, value) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise ValueError(f"{name} must be a number > 0, got {value!r}.")
+  return float(value)
+
+
 class Backbone(nnx.Module):
   """Token embedding, a stack of :class:`Block`, final RMSNorm: tokens -> hidden ``[B, T, D]``.
 
@@ -98,6 +104,7 @@ class Backbone(nnx.Module):
   ``num_layers``, ``num_heads``, ``mlp_ratio``, ``mixer_kwargs`` and ``short_conv`` are then
   unused and must keep their defaults (``norm_eps`` is the final norm's, ``norm_offset``
   its zero-centred scale: 1 for ``1 + scale``, as the blocks' ``LayerSpec.norm_offset``).
+  ``embed_scale`` multiplies the token embeddings (Granite's ``embedding_multiplier``).
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -106,9 +113,11 @@ class Backbone(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, layers: Sequence[LayerSpec] | None = None,
-               norm_offset: float = 0.0, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               norm_offset: float = 0.0, embed_scale: float = 1.0, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     check_positive("vocab_size", vocab_size)
     check_positive("d_model", d_model)
+    self.embed_scale = _check_scale("embed_scale", embed_scale)
     if layers is not None:
       self._init_layers(vocab_size, d_model, layers, num_layers=num_layers, pattern=pattern,
                         mixer_kwargs=mixer_kwargs, short_conv=short_conv, norm_eps=norm_eps,
@@ -167,7 +176,12 @@ class Backbone(nnx.Module):
   def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:
     """``tokens [B, T]`` int -> hidden ``[B, T, D]``."""
     check_token_ids(tokens, self.vocab_size)
-    return self.run(self.embed(tokens), segment_ids)
+    return self.run(self.embed_tokens(tokens), segment_ids)
+
+  def embed_tokens(self, tokens: Array) -> Array:
+    """``tokens`` -> embeddings (times ``embed_scale``)."""
+    x = self.embed(tokens)
+    return x if self.embed_scale == 1.0 else x * self.embed_scale
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> list:
     """One cache per block (a list pytree)."""
@@ -177,7 +191,7 @@ class Backbone(nnx.Module):
   def decode_step(self, tokens: Array, cache: list) -> tuple[Array, list]:
     """``tokens [B]`` -> ``(hidden [B, D], cache)``."""
     check_token_ids(tokens, self.vocab_size)
-    x = self.embed(tokens)
+    x = self.embed_tokens(tokens)
     new = []
     for blk, c in zip(self.blocks, cache):
       x, c = blk.decode_step(x, c)
@@ -200,6 +214,8 @@ class LanguageModel(nnx.Module):
     layers: one :class:`~linear_attention.models.blocks.LayerSpec` per block, instead of
       ``mixer``/``pattern`` and the shared options (see :class:`Backbone`).
     norm_offset: with ``layers``, 1 for a zero-centred final norm scale (``1 + scale``).
+    embed_scale: multiplies the token embeddings.
+    logit_scale: multiplies the logits (Granite's ``1 / logits_scaling``).
 
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
   ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
@@ -213,13 +229,15 @@ class LanguageModel(nnx.Module):
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
                norm_eps: float = 1e-6, short_conv: int = 0,
                layers: Sequence[LayerSpec] | None = None, norm_offset: float = 0.0,
-               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+               embed_scale: float = 1.0, logit_scale: float = 1.0, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
                              short_conv=short_conv, layers=layers, norm_offset=norm_offset,
-                             rngs=rngs,
-                             dtype=dtype, param_dtype=param_dtype)
+                             embed_scale=embed_scale, rngs=rngs, dtype=dtype,
+                             param_dtype=param_dtype)
+    self.logit_scale = _check_scale("logit_scale", logit_scale)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]
     if non_causal:
       raise ValueError(f"a causal language model cannot use the encoder mixers {non_causal}.")
@@ -243,7 +261,8 @@ class LanguageModel(nnx.Module):
     return self.backbone.blocks
 
   def _logits(self, h):
-    return self.backbone.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+    logits = self.backbone.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+    return logits if self.logit_scale == 1.0 else logits * self.logit_scale
 
   def __call__(self, tokens: Array, segment_ids: Array | None = None,
                positions: Array | None = None) -> Array:
@@ -309,7 +328,7 @@ class SequenceClassifier(nnx.Module):
     check_token_ids(tokens, self.backbone.vocab_size)
     b, t = tokens.shape
     mask = jnp.ones((b, t), bool) if mask is None else jnp.broadcast_to(mask.astype(bool), (b, t))
-    x = self.backbone.embed(tokens)
+    x = self.backbone.embed_tokens(tokens)
     if self.cls is not None:
       cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1]))
       h = self.backbone.run(jnp.concatenate([cls, x], axis=1))

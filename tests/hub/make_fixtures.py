@@ -48,6 +48,25 @@ FAMILIES = {
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=24,
         ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=8, n_groups=2, chunk_size=4),
         True),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", dict(
+        _COMMON, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=0,
+        shared_intermediate_size=24, num_attention_heads=4, num_key_value_heads=2,
+        mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=4, embedding_multiplier=3.0,
+        attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.5,
+        tie_word_embeddings=True), True),
+    "granitemoehybrid_rope": ("GraniteMoeHybridConfig", dict(
+        _COMMON, layer_types=["attention", "mamba"], num_local_experts=0, shared_intermediate_size=24,
+        num_attention_heads=2, num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8,
+        mamba_n_groups=1, mamba_d_state=8, mamba_expand=2, mamba_chunk_size=4,
+        position_embedding_type="rope", rope_parameters={"rope_theta": 500.0,
+                                                         "rope_type": "default"}), True),
+    "bamba": ("BambaConfig", dict(
+        _COMMON, num_hidden_layers=3, attn_layer_indices=[1], intermediate_size=24,
+        num_attention_heads=2, num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8,
+        mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=4, rope_parameters={"rope_theta": 300.0, "partial_rotary_factor": 0.5,
+                                             "rope_type": "default"}), True),
     "qwen3_next": ("Qwen3NextConfig", dict(
         _COMMON, num_hidden_layers=4, layer_types=["linear_attention", "full_attention",
                                                    "linear_attention", "full_attention"],

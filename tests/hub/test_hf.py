@@ -62,3 +62,11 @@ def test_against_transformers(name, tmp_path):
   # float32 logits are no reference for it).
   ours16 = hub.from_pretrained(tmp_path / "saved_bf16", dtype="float32")
   assert rel_err(ours16(jnp.asarray(PROMPT, jnp.int32)), hf_logits(back16.float().eval())) < 1e-4
+
+
+def test_transformers_shards_load(tmp_path):
+  ref = make_fixtures.build("mamba2", seed=2)
+  ref.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+  assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+  model = hub.from_pretrained(tmp_path / "sharded")
+  assert rel_err(model(jnp.asarray(PROMPT, jnp.int32)), hf_logits(ref)) < 1e-4

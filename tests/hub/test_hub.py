@@ -20,6 +20,7 @@ from safetensors.numpy import load_file, save_file
 
 from linear_attention import hub
 from linear_attention.models import generate
+from linear_attention.nn import make_mixer
 from linear_attention.models.blocks import Block, LayerSpec
 from linear_attention.models.lm import LanguageModel
 
@@ -237,3 +238,48 @@ def test_layer_spec_validation():
     LanguageModel(16, 8, 2, layers=[LayerSpec("mamba")], rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="mlp must be one of"):
     Block(8, "mamba", 1, mlp="gelu", rngs=nnx.Rngs(0))
+
+
+def test_decoding_equals_the_forward_pass_with_a_binding_dt_limit():
+  # transformers' own decoding step skips time_step_limit; here both paths clamp dt.
+  model = loaded("mamba2_dt_limit")
+  prompt = jnp.asarray(expected("mamba2_dt_limit")["prompt"], jnp.int32)
+  full = model(prompt)
+  cache = model.init_cache(prompt.shape[0], prompt.shape[1])
+  steps = []
+  for t in range(prompt.shape[1]):
+    logits, cache = model.decode_step(prompt[:, t], cache)
+    steps.append(logits)
+  np.testing.assert_allclose(np.stack(steps, 1), full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda r: make_mixer("mamba2", 16, 4, d_state=4, dt_limit=(0.1, 0.05), rngs=r),
+     "dt_limit must be None or"),
+    (lambda r: make_mixer("mamba", 16, 1, d_state=4, bcdt_norm_eps=-1.0, rngs=r),
+     "bcdt_norm_eps must be a number"),
+    (lambda r: make_mixer("softmax", 16, 2, rotary_dim=3, rngs=r),
+     "rotary_dim must be None or an even int"),
+    (lambda r: make_mixer("softmax", 16, 2, scale=0.0, rngs=r),
+     "scale must be None or a number > 0"),
+    (lambda r: LanguageModel(16, 8, layers=[LayerSpec("mamba")], logit_scale=0, rngs=r),
+     "logit_scale must be a number > 0"),
+    (lambda r: Block(8, "mamba", 1, residual_scale="x", rngs=r), "residual_scale must be a number"),
+])
+def test_checkpoint_options_are_checked_by_name(make, match):
+  from flax import nnx
+  with pytest.raises(ValueError, match=match):
+    make(nnx.Rngs(0))
+
+
+def test_nemotron_h_older_config_names(tmp_path):
+  # Released Nemotron-H configs use hybrid_override_pattern and mamba_* names.
+  d = copy_fixture("nemotron_h", tmp_path)
+  config = json.loads((d / "config.json").read_text())
+  letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+  config["hybrid_override_pattern"] = "".join(letters[k] for k in config.pop("layers_block_type"))
+  config["mamba_n_groups"] = config.pop("n_groups")
+  config["mamba_d_conv"] = config.pop("conv_kernel")
+  (d / "config.json").write_text(json.dumps(config))
+  e = expected("nemotron_h")
+  assert rel_err(hub.from_pretrained(d)(jnp.asarray(e["prompt"], jnp.int32)), e["logits"]) < RTOL

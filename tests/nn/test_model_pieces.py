@@ -123,8 +123,9 @@ def test_attention_options_decode_equals_forward(kw):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(qk_norm="layer"), "qk_norm must be None"),
-    (dict(rotary_dim=3), "rotary_dim must be even"),
-    (dict(rotary_dim=6, head_dim=4), "rotary_dim must be even and <= head_dim=4"),
+    (dict(rotary_dim=3), "rotary_dim must be None or an even int"),
+    (dict(rotary_dim=6, head_dim=4), "even int in 2..head_dim=4, got 6"),
+    (dict(head_dim=5), "head_dim must be even for RoPE"),
     (dict(scale=-1.0), "scale must be None or a number > 0"),
 ])
 def test_attention_bad_options_raise(kw, match):

@@ -26,6 +26,20 @@ _MAMBA_KEYS = dict(heads="mamba_num_heads", head_dim="mamba_head_dim", state="ss
                    expand=None, act="mamba_hidden_act")
 
 
+# Older configs' names, which transformers reads in place of the current ones.
+_RENAMED = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_expand": "expand",
+            "mamba_dt_limit": "time_step_limit", "mamba_conv_bias": "use_conv_bias",
+            "mamba_chunk_size": "chunk_size"}
+
+
+def _current(config: Mapping[str, Any]) -> dict:
+  config = dict(config)
+  for old, new in _RENAMED.items():
+    if old in config:
+      config[new] = config.pop(old)
+  return config
+
+
 def layer_kinds(config: Mapping[str, Any]) -> list[str]:
   """Every layer's kind, ``"linear_attention"``, ``"full_attention"`` or ``"mlp"``."""
   kinds = config.get("layers_block_type") or config.get("layer_types")
@@ -48,6 +62,7 @@ def layer_kinds(config: Mapping[str, Any]) -> list[str]:
 
 
 def _specs(config: Mapping[str, Any]) -> list[LayerSpec]:
+  config = _current(config)
   for key, supported, default in (("attention_bias", False, False), ("mlp_bias", False, False),
                                   ("mlp_hidden_act", "relu2", "relu2"),
                                   ("sliding_window", None, None)):
@@ -82,6 +97,7 @@ def build(config: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=None,
 
 def tensors(config: Mapping[str, Any]) -> list:
   """Checkpoint names of every parameter (transformers writes the ``backbone.`` prefix)."""
+  config = _current(config)
   out = embeddings_and_head(config, "backbone.embeddings.weight", "backbone.norm_f.weight", False)
   for i, kind in enumerate(layer_kinds(config)):
     hf, p = f"backbone.layers.{i}.", ("backbone", "blocks", i)
