@@ -61,6 +61,11 @@ FAMILIES = {
         mamba_n_groups=1, mamba_d_state=8, mamba_expand=2, mamba_chunk_size=4,
         position_embedding_type="rope", rope_parameters={"rope_theta": 500.0,
                                                          "rope_type": "default"}), True),
+    "granitemoehybrid_moe": ("GraniteMoeHybridConfig", dict(
+        _COMMON, layer_types=["mamba", "attention"], num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=8, shared_intermediate_size=24, num_attention_heads=2,
+        num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=2,
+        mamba_d_state=8, mamba_expand=2, mamba_chunk_size=4, residual_multiplier=0.5), True),
     "bamba": ("BambaConfig", dict(
         _COMMON, num_hidden_layers=3, attn_layer_indices=[1], intermediate_size=24,
         num_attention_heads=2, num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8,
