@@ -8,12 +8,14 @@ speed: one random float32 Mamba-2-shaped model (``--d-model``, ``--layers``; abo
 parameters at the defaults), or Qwen3-Next-shaped with ``--model qwen3_next`` (Gated
 DeltaNet with 2 value heads per q/k head and gated attention, 3:1, MoE of 16 experts, top 2,
 plus a shared expert; about 100M parameters at ``--layers 4``, 154M at 8), made by
-transformers, loaded here: prefill of ``--prefill`` tokens (the forward pass, seconds) and greedy decoding (tokens/s after a prefill of 16),
-this project's (jit, the O(1) state) against transformers' (torch, its own cache), in the
-same process on the same ``--threads`` cores (the process is pinned to them), as ratios.
+transformers, loaded here: prefill of ``--prefill`` tokens (the forward pass, seconds) and
+greedy decoding (tokens/s after a prefill of 16), this project's (jit, the O(1) state)
+against transformers' (torch, its own cache), in the same process on the same ``--threads``
+cores (the process is pinned to them), as ratios.
 Needs torch and transformers (``pip install -e ".[hf]"``).
 
-Results go to ``<out>/bench_hub.json``; a table is printed.
+Results go to ``<out>/bench_hub.json`` (``bench_hub_qwen3_next.json`` for that model); a
+table is printed.
 
     python experiments/bench_hub.py                        # both parts, defaults
     python experiments/bench_hub.py --part memory --gb 1.1
