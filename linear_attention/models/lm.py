@@ -104,9 +104,7 @@ class Backbone(nnx.Module):
   ``num_layers``, ``num_heads``, ``mlp_ratio``, ``mixer_kwargs`` and ``short_conv`` are then
   unused and must keep their defaults (``norm_eps`` is the final norm's, ``norm_offset``
   its zero-centred scale: 1 for ``1 + scale``, as the blocks' ``LayerSpec.norm_offset``).
-
-  ``embed_scale`` multiplies the token embeddings (Granite's ``embedding_multiplier``,
-  Gemma's ``sqrt(D)``).
+  ``embed_scale`` multiplies the token embeddings (Granite's ``embedding_multiplier``).
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -115,8 +113,8 @@ class Backbone(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, norm_eps: float = 1e-6,
                short_conv: int = 0, layers: Sequence[LayerSpec] | None = None,
-               embed_scale: float = 1.0, norm_offset: float = 0.0, rngs: nnx.Rngs,
-               dtype=None, param_dtype=jnp.float32):
+               norm_offset: float = 0.0, embed_scale: float = 1.0, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     check_positive("vocab_size", vocab_size)
     check_positive("d_model", d_model)
     self.embed_scale = _check_scale("embed_scale", embed_scale)
@@ -215,7 +213,8 @@ class LanguageModel(nnx.Module):
     tie_embeddings: reuse the embedding matrix as the output head.
     layers: one :class:`~linear_attention.models.blocks.LayerSpec` per block, instead of
       ``mixer``/``pattern`` and the shared options (see :class:`Backbone`).
-    embed_scale, norm_offset: see :class:`Backbone`.
+    norm_offset: with ``layers``, 1 for a zero-centred final norm scale (``1 + scale``).
+    embed_scale: multiplies the token embeddings.
     logit_scale: multiplies the logits (Granite's ``1 / logits_scaling``).
     logit_soft_cap: ``cap * tanh(logits / cap)`` on the (scaled) logits (Gemma's and
       xLSTM-7B's 30); None for none.
@@ -231,8 +230,8 @@ class LanguageModel(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
                norm_eps: float = 1e-6, short_conv: int = 0,
-               layers: Sequence[LayerSpec] | None = None, embed_scale: float = 1.0,
-               norm_offset: float = 0.0, logit_scale: float = 1.0,
+               layers: Sequence[LayerSpec] | None = None, norm_offset: float = 0.0,
+               embed_scale: float = 1.0, logit_scale: float = 1.0,
                logit_soft_cap: float | None = None, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
     modules.check_soft_cap("logit_soft_cap", logit_soft_cap)
@@ -240,8 +239,8 @@ class LanguageModel(nnx.Module):
     self.backbone = Backbone(vocab_size, d_model, num_layers, mixer=mixer, pattern=pattern,
                              num_heads=num_heads, mlp_ratio=mlp_ratio, mixer_kwargs=mixer_kwargs,
                              pattern_letters=pattern_letters, norm_eps=norm_eps,
-                             short_conv=short_conv, layers=layers, embed_scale=embed_scale,
-                             norm_offset=norm_offset, rngs=rngs, dtype=dtype,
+                             short_conv=short_conv, layers=layers, norm_offset=norm_offset,
+                             embed_scale=embed_scale, rngs=rngs, dtype=dtype,
                              param_dtype=param_dtype)
     self.logit_scale = _check_scale("logit_scale", logit_scale)
     non_causal = [n for n in self.backbone.mixer_names if n in registry.ENCODER_MIXERS]

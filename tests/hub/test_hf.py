@@ -50,7 +50,10 @@ def test_against_transformers(name, tmp_path):
   hub.save_pretrained(model, tmp_path / "saved")
   back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").float().eval()
   assert type(back) is type(ref)
-  np.testing.assert_array_equal(hf_logits(back), ref_logits)
+  # Equal to transformers loading its own checkpoint (a reloaded MoE can differ from the
+  # in-memory model in the last bit: its experts are fused at load).
+  own = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").float().eval()
+  np.testing.assert_array_equal(hf_logits(back), hf_logits(own))
 
   hub.save_pretrained(model, tmp_path / "saved_bf16", dtype="bfloat16", max_shard_size=8192)
   back16 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved_bf16")
