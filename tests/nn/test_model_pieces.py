@@ -210,3 +210,15 @@ def test_layer_specs_with_moe_post_norm_and_norm_offset_decode_as_they_run():
   with pytest.raises(ValueError, match="post_norm=True has none"):
     from linear_attention.models.blocks import Block
     Block(16, "softmax", 2, post_norm=True, short_conv=4, rngs=nnx.Rngs(0))
+
+
+def test_moe_bfloat16_runs_in_bfloat16_with_float32_accumulation():
+  layer = moe.MoE(16, 4, 2, 8, shared_hidden=8, rngs=nnx.Rngs(0), dtype=jnp.bfloat16,
+                  param_dtype=jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(0), (2, 3, 16))
+  y = layer(x.astype(jnp.bfloat16))
+  assert y.dtype == jnp.bfloat16
+  f32 = moe.MoE(16, 4, 2, 8, shared_hidden=8, rngs=nnx.Rngs(0))
+  nnx.update(f32, jax.tree.map(lambda a: a.astype(jnp.float32), nnx.state(layer)))
+  np.testing.assert_allclose(y.astype(jnp.float32), f32(x.astype(jnp.bfloat16).astype(jnp.float32)),
+                             rtol=5e-2, atol=5e-2)
