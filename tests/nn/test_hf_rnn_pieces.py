@@ -15,6 +15,8 @@ from tests import helpers
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.hf
+
 B, T = 2, 19
 
 
