@@ -5,17 +5,22 @@ values, no torch), then loads it with ``hub.from_pretrained`` in a fresh process
 its peak RSS over the checkpoint size, raw and above the process's RSS after its imports.
 
 speed: one random float32 Mamba-2-shaped model (``--d-model``, ``--layers``; about 100M
-parameters at the defaults) made by transformers, loaded here: prefill of ``--prefill``
-tokens (the forward pass, seconds) and greedy decoding (tokens/s after a prefill of 16),
-this project's (jit, the O(1) state) against transformers' (torch, its own cache), in the
-same process on the same ``--threads`` cores (the process is pinned to them), as ratios.
+parameters at the defaults), or Qwen3-Next-shaped with ``--model qwen3_next`` (Gated
+DeltaNet with 2 value heads per q/k head and gated attention, 3:1, MoE of 16 experts, top 2,
+plus a shared expert; about 100M parameters at ``--layers 4``, 154M at 8), made by
+transformers, loaded here: prefill of ``--prefill`` tokens (the forward pass, seconds) and
+greedy decoding (tokens/s after a prefill of 16), this project's (jit, the O(1) state)
+against transformers' (torch, its own cache), in the same process on the same ``--threads``
+cores (the process is pinned to them), as ratios.
 Needs torch and transformers (``pip install -e ".[hf]"``).
 
-Results go to ``<out>/bench_hub.json``; a table is printed.
+Results go to ``<out>/bench_hub.json`` (``bench_hub_qwen3_next.json`` for that model); a
+table is printed.
 
     python experiments/bench_hub.py                        # both parts, defaults
     python experiments/bench_hub.py --part memory --gb 1.1
     python experiments/bench_hub.py --part speed --threads 1
+    python experiments/bench_hub.py --part speed --model qwen3_next --layers 4
     python experiments/bench_hub.py --smoke                # tiny, to check it runs
 """
 
@@ -41,6 +46,21 @@ def _mamba2_config(d_model: int, layers: int, vocab: int, *, head_dim: int = 64,
           "use_conv_bias": True, "hidden_act": "silu", "rms_norm": True,
           "time_step_limit": [0.0, 1e30], "pad_token_id": 0, "bos_token_id": 0,
           "eos_token_id": 0, "dtype": "bfloat16"}
+
+
+def _qwen3_next_config(d_model: int, layers: int, vocab: int) -> dict:
+  heads = max(1, d_model // 96)
+  kinds = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+  kinds[-1] = "full_attention"  # at least one (transformers' generate needs an attention layer)
+  return {"hidden_size": d_model, "num_hidden_layers": layers, "vocab_size": vocab,
+          "layer_types": kinds,
+          "num_attention_heads": heads, "num_key_value_heads": 1 if heads < 4 else 2,
+          "head_dim": 64, "linear_num_key_heads": heads, "linear_num_value_heads": 2 * heads,
+          "linear_key_head_dim": 64, "linear_value_head_dim": 64, "num_experts": 16,
+          "num_experts_per_tok": 2, "moe_intermediate_size": max(16, d_model // 48 * 16),
+          "shared_expert_intermediate_size": d_model // 2, "intermediate_size": 2 * d_model,
+          "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 0,
+          "eos_token_id": 0}
 
 
 # ----------------------------------------------------------------------------- memory
@@ -137,7 +157,7 @@ def _time(fn, reps: int) -> float:
 
 
 def bench_speed(d_model: int, layers: int, vocab: int, prefill: int, decode: int, reps: int,
-                threads: int, workdir: pathlib.Path) -> dict:
+                threads: int, workdir: pathlib.Path, model_type: str = "mamba2") -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -147,14 +167,17 @@ def bench_speed(d_model: int, layers: int, vocab: int, prefill: int, decode: int
   from linear_attention import hub
   from linear_attention.models import generate
   torch.set_num_threads(threads)
-  config = _mamba2_config(d_model, layers, vocab)
-  config.pop("architectures")
-  config.pop("model_type")
-  config["dtype"] = "float32"
-  config["time_step_limit"] = [0.0, float("inf")]
+  if model_type == "qwen3_next":
+    hf_config = transformers.Qwen3NextConfig(**_qwen3_next_config(d_model, layers, vocab))
+  else:
+    config = _mamba2_config(d_model, layers, vocab)
+    config.pop("architectures")
+    config.pop("model_type")
+    config["dtype"] = "float32"
+    config["time_step_limit"] = [0.0, float("inf")]
+    hf_config = transformers.Mamba2Config(**config)
   torch.manual_seed(0)
-  ref = transformers.AutoModelForCausalLM.from_config(
-      transformers.Mamba2Config(**config)).float().eval()
+  ref = transformers.AutoModelForCausalLM.from_config(hf_config).float().eval()
   params = sum(p.numel() for p in ref.parameters())
   ref.save_pretrained(workdir / "ckpt_f32")
   model = hub.from_pretrained(workdir / "ckpt_f32")
@@ -173,13 +196,15 @@ def bench_speed(d_model: int, layers: int, vocab: int, prefill: int, decode: int
 
   def torch_decode():
     with torch.no_grad():
-      ref.generate(torch.from_numpy(prompt), max_new_tokens=decode, min_new_tokens=decode,
-                   do_sample=False)
+      ids = torch.from_numpy(prompt)
+      ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=decode,
+                   min_new_tokens=decode, do_sample=False)
 
   ours_decode = _time(lambda: generate(model, jnp.asarray(prompt, jnp.int32), decode,
                                        temperature=0).block_until_ready(), reps)
   theirs_decode = _time(torch_decode, reps)
-  return {"params": params, "d_model": d_model, "layers": layers, "vocab": vocab,
+  return {"model_type": model_type, "params": params, "d_model": d_model, "layers": layers,
+          "vocab": vocab,
           "threads": threads, "prefill_tokens": prefill, "decode_tokens": decode,
           "ours_prefill_s": ours_prefill, "transformers_prefill_s": theirs_prefill,
           "prefill_speedup": theirs_prefill / ours_prefill,
@@ -193,6 +218,8 @@ def bench_speed(d_model: int, layers: int, vocab: int, prefill: int, decode: int
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--part", choices=("memory", "speed", "both"), default="both")
+  parser.add_argument("--model", choices=("mamba2", "qwen3_next"), default="mamba2",
+                      help="the speed part's model shape")
   parser.add_argument("--gb", type=float, default=1.1)
   parser.add_argument("--threads", type=int, default=1)
   parser.add_argument("--d-model", type=int, default=768)
@@ -229,15 +256,17 @@ def main() -> None:
             f"{m['load_seconds']:.1f} s")
     if args.part in ("speed", "both"):
       s = bench_speed(args.d_model, args.layers, args.vocab, args.prefill, args.decode,
-                      args.reps, args.threads, tmp)
+                      args.reps, args.threads, tmp, args.model)
       result["speed"] = s
-      print(f"speed ({s['params'] / 1e6:.0f}M params, {args.threads} thread(s)):\n"
+      print(f"speed ({args.model}, {s['params'] / 1e6:.0f}M params, {args.threads} "
+            f"thread(s)):\n"
             f"  prefill {s['prefill_tokens']} tokens: ours {s['ours_prefill_s']:.3f} s, "
             f"transformers {s['transformers_prefill_s']:.3f} s -> {s['prefill_speedup']:.2f}x\n"
             f"  decode: ours {s['ours_decode_tok_s']:.1f} tok/s, transformers "
             f"{s['transformers_decode_tok_s']:.1f} tok/s -> {s['decode_speedup']:.2f}x")
   meta["loadavg_at_end"] = os.getloadavg()
-  path = write_json(os.path.join(args.out, "bench_hub.json"), result)
+  name = "bench_hub.json" if args.model == "mamba2" else f"bench_hub_{args.model}.json"
+  path = write_json(os.path.join(args.out, name), result)
   print("wrote", path)
 
 

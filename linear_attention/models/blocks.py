@@ -64,7 +64,7 @@ def _moe(d_model: int, hidden: int, **kwargs) -> moe_lib.MoE:
 
 
 # MLP kinds of a block: name -> class taking (d_model, hidden, rngs=, dtype=, param_dtype=,
-# **mlp_kwargs); "moe" needs mlp_kwargs (num_experts, top_k, ...: nn.moe.MoE's options);
+# **mlp_kwargs); "moe" needs mlp_kwargs (num_experts, top_k, ...: nn.moe.MoE's options).
 # "geglu_bias": GeGLU (tanh GELU) with biases on its three projections (RecurrentGemma).
 MLPS = {"swiglu": GLUMLP, "relu2": ReluSquaredMLP, "moe": _moe,
         "geglu_bias": functools.partial(MLP, activation="gelu_tanh", gated=True, use_bias=True)}
@@ -83,7 +83,7 @@ class LayerSpec:
     mlp_hidden: the MLP's hidden width (``> 0`` when ``mlp`` is set; an expert's for MoE).
     norm_eps: epsilon of the block's RMSNorms.
     mlp_kwargs: the MLP's options (``"moe"``: :class:`~linear_attention.nn.moe.MoE`'s).
-    norm_offset: 1 for zero-centred norm scales (``1 + scale``, Gemma, Qwen3-Next), else 0.
+    norm_offset: 1 for zero-centred norm scales (``1 + scale``, Qwen3-Next), else 0.
     post_norm: normalise the mixer's and the MLP's outputs instead of their inputs
       (``x + RMSNorm(mixer(x))``, OLMo-2/OLMo-Hybrid's attention layers).
     residual_scale: multiplies the mixer's and the MLP's outputs before each residual add
@@ -147,9 +147,8 @@ class Block(nnx.Module):
                mlp_ratio: float = 8 / 3, mixer_kwargs: Mapping[str, Any] | None = None,
                norm_eps: float = 1e-6, short_conv: int = 0, mlp: str = "swiglu",
                hidden: int | None = None, mlp_kwargs: Mapping[str, Any] | None = None,
-               norm_offset: float = 0.0, post_norm: bool = False,
-               residual_scale: float = 1.0, rngs: nnx.Rngs, dtype=None,
-               param_dtype=jnp.float32):
+               norm_offset: float = 0.0, post_norm: bool = False, residual_scale: float = 1.0,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     if short_conv < 0 or short_conv == 1:
       raise ValueError(f"short_conv must be 0 (none) or a width >= 2, got {short_conv}.")
     if mlp not in MLPS:

@@ -223,7 +223,8 @@ class LanguageModel(nnx.Module):
     tie_embeddings: reuse the embedding matrix as the output head.
     layers: one :class:`~linear_attention.models.blocks.LayerSpec` per block, instead of
       ``mixer``/``pattern`` and the shared options (see :class:`Backbone`).
-    embed_scale, norm_offset: see :class:`Backbone`.
+    norm_offset: with ``layers``, 1 for a zero-centred final norm scale (``1 + scale``).
+    embed_scale: multiplies the token embeddings.
     logit_scale: multiplies the logits (Granite's ``1 / logits_scaling``).
     logit_soft_cap: ``cap * tanh(logits / cap)`` on the (scaled) logits (Gemma's and
       xLSTM-7B's 30); None for none.
@@ -241,8 +242,8 @@ class LanguageModel(nnx.Module):
                mixer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                pattern_letters: Mapping[str, str] | None = None, tie_embeddings: bool = True,
                norm_eps: float = 1e-6, short_conv: int = 0,
-               layers: Sequence[LayerSpec] | None = None, embed_scale: float = 1.0,
-               norm_offset: float = 0.0, logit_scale: float = 1.0,
+               layers: Sequence[LayerSpec] | None = None, norm_offset: float = 0.0,
+               embed_scale: float = 1.0, logit_scale: float = 1.0,
                logit_soft_cap: float | None = None, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32, remat: str = "none", scan_layers: bool = False):
     modules.check_soft_cap("logit_soft_cap", logit_soft_cap)

@@ -67,12 +67,13 @@ class SoftmaxAttention(mixer.Mixer):
       mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
       head_dim = d_model // num_heads
     mixer.check_positive("head_dim", head_dim)
+    if use_rope and head_dim % 2:
+      raise ValueError(f"head_dim must be even for RoPE, got {head_dim}.")
+    if rotary_dim is not None and not (isinstance(rotary_dim, int) and 0 < rotary_dim <= head_dim
+                                       and rotary_dim % 2 == 0):
+      raise ValueError(f"rotary_dim must be None or an even int in 2..head_dim={head_dim}, got "
+                       f"{rotary_dim!r}.")
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
-    if use_rope:
-      mixer.check_positive("rotary_dim", rotary_dim)
-      if rotary_dim % 2 or rotary_dim > head_dim:
-        raise ValueError(f"rotary_dim must be even and <= head_dim={head_dim} for RoPE, got "
-                         f"{rotary_dim}" + (" (head_dim)." if rotary_dim == head_dim else "."))
     if qk_norm not in (None, "head", "full"):
       raise ValueError(f"qk_norm must be None, 'head' or 'full', got {qk_norm!r}.")
     if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):

@@ -148,10 +148,12 @@ class MoE(nnx.Module):
     token = order // k
     sizes = jnp.bincount(flat, length=self.num_experts).astype(jnp.int32)
     act = mlp_lib.ACTIVATIONS[self.activation]
-    h = jax.lax.ragged_dot(x2[token], self.gate_up[...].astype(dt), sizes)
-    h = act(h[:, :self.hidden]) * h[:, self.hidden:]
-    y = jax.lax.ragged_dot(h, self.down[...].astype(dt), sizes)
-    y = y.astype(jnp.float32) * w.reshape(-1)[order][:, None]
+    f32 = jnp.float32  # accumulate in float32, whatever the compute dtype
+    h = jax.lax.ragged_dot(x2[token], self.gate_up[...].astype(dt), sizes,
+                           preferred_element_type=f32)
+    h = (act(h[:, :self.hidden]) * h[:, self.hidden:]).astype(dt)
+    y = jax.lax.ragged_dot(h, self.down[...].astype(dt), sizes, preferred_element_type=f32)
+    y = y * w.reshape(-1)[order][:, None]
     out = jnp.zeros((x2.shape[0], self.d_model), jnp.float32).at[token].add(y)
     if self.shared is not None:
       s = self.shared(x2).astype(jnp.float32)

@@ -16,7 +16,8 @@ from flax import nnx
 from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 # ops/xlstm.py: a module named mlstm was shadowed by the function ops.mlstm.
-from linear_attention.ops.xlstm import FORGET_GATES, init_mlstm_state, mlstm, mlstm_step
+from linear_attention.ops.xlstm import (FORGET_GATES, check_mlstm_options, init_mlstm_state,
+                                        mlstm, mlstm_step)
 
 Array = jax.Array
 
@@ -69,7 +70,7 @@ class MLSTM(mixer.Mixer):
                        f"got {forget_gate!r}.")
     self.num_heads, self.d_inner, self.head_dim = num_heads, d_inner, d_inner // num_heads
     self.forget_gate, self.chunk_size = forget_gate, chunk_size
-    _check_conventions(eps, initial_m)
+    check_mlstm_options(eps, initial_m)
     self.eps, self.initial_m = float(eps), float(initial_m)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.up_proj = modules.dense(d_model, 2 * d_inner, **kw)
@@ -127,15 +128,6 @@ class MLSTM(mixer.Mixer):
     return self._out(o, u_conv, z), {"conv": conv, "C": c, "n": n, "m": m}
 
 
-def _check_conventions(eps, initial_m):
-  # The op checks them again at each call; here the error comes at construction.
-  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < np.inf:
-    raise ValueError(f"eps must be a finite number >= 0, got {eps!r}.")
-  if (isinstance(initial_m, bool) or not isinstance(initial_m, (int, float))
-      or np.isnan(initial_m) or initial_m == np.inf):
-    raise ValueError(f"initial_m must be a real number or -inf, got {initial_m!r}.")
-
-
 class MLSTMLayer(mixer.Mixer):
   """The mLSTM layer of xLSTM-7B (Beck et al. 2025, arXiv:2503.13427; transformers'
   ``xLSTMLayer``).
@@ -166,7 +158,7 @@ class MLSTMLayer(mixer.Mixer):
                           num_heads)
     mixer.check_divisible("v_dim (int(d_model * v_dim_factor))", v_dim, "num_heads", num_heads)
     modules.check_soft_cap("gate_soft_cap", gate_soft_cap)
-    _check_conventions(eps, initial_m)
+    check_mlstm_options(eps, initial_m)
     self.num_heads, self.qk_dim, self.v_dim = num_heads, qk_dim, v_dim
     self.gate_soft_cap, self.chunk_size = gate_soft_cap, chunk_size
     self.eps, self.initial_m = float(eps), float(initial_m)

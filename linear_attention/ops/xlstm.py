@@ -96,8 +96,9 @@ def _log_gates(i_gate, f_gate, forget_gate, acc):
   return common.floor_log_decay(log_i), common.floor_log_decay(log_f)
 
 
-def _check_conventions(eps, initial_m):
-  """``eps`` a finite number >= 0, ``initial_m`` a real number or ``-inf``."""
+def check_mlstm_options(eps, initial_m) -> None:
+  """``ValueError`` naming the argument unless ``eps`` is a finite number >= 0 and
+  ``initial_m`` a real number or ``-inf`` (the options of :func:`mlstm`)."""
   if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < np.inf:
     raise ValueError(f"eps must be a finite number >= 0, got {eps!r}.")
   if (isinstance(initial_m, bool) or not isinstance(initial_m, (int, float))
@@ -205,7 +206,7 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
   """
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   _check_gates(i_gate, f_gate, (b, t, h), forget_gate)
-  _check_conventions(eps, initial_m)
+  check_mlstm_options(eps, initial_m)
   eps, initial_m = float(eps), float(initial_m)
   common.check_sequence_args(form, chunk_size, segment_ids, b, t)
   context_lib.check_context(context)
@@ -295,7 +296,7 @@ def mlstm_step(state: tuple[Array, Array, Array], q: Array, k: Array, v: Array, 
   b, h, dk, dv = common.check_step_qkv(q, k, v)
   _check_gates(i_gate, f_gate, (b, h), forget_gate)
   _check_state("state", state, b, h, dk, dv, step=True)
-  _check_conventions(eps, 0.0)
+  check_mlstm_options(eps, 0.0)
   acc = jnp.result_type(*state)
   state = tuple(x.astype(acc) for x in state)
   log_i, log_f = _log_gates(i_gate, f_gate, forget_gate, acc)
@@ -313,7 +314,7 @@ def init_mlstm_state(batch: int, heads: int, key_dim: int, value_dim: int,
   for name, x in (("batch", batch), ("heads", heads), ("key_dim", key_dim),
                   ("value_dim", value_dim)):
     common.check_positive_int(name, x)
-  _check_conventions(0.0, initial_m)
+  check_mlstm_options(0.0, initial_m)
   f32 = np.float32
   return (jnp.zeros((batch, heads, key_dim, value_dim), f32),
           jnp.zeros((batch, heads, key_dim), f32), jnp.full((batch, heads), initial_m, f32))

@@ -61,28 +61,17 @@ FAMILIES = {
         mamba_n_groups=1, mamba_d_state=8, mamba_expand=2, mamba_chunk_size=4,
         position_embedding_type="rope", rope_parameters={"rope_theta": 500.0,
                                                          "rope_type": "default"}), True),
+    "granitemoehybrid_moe": ("GraniteMoeHybridConfig", dict(
+        _COMMON, layer_types=["mamba", "attention"], num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=8, shared_intermediate_size=24, num_attention_heads=2,
+        num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=2,
+        mamba_d_state=8, mamba_expand=2, mamba_chunk_size=4, residual_multiplier=0.5), True),
     "bamba": ("BambaConfig", dict(
         _COMMON, num_hidden_layers=3, attn_layer_indices=[1], intermediate_size=24,
         num_attention_heads=2, num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8,
         mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
         mamba_chunk_size=4, rope_parameters={"rope_theta": 300.0, "partial_rotary_factor": 0.5,
                                              "rope_type": "default"}), True),
-    # Griffin's R, R, A pattern; the 9-token prompt runs past the attention window of 4.
-    "recurrent_gemma": ("RecurrentGemmaConfig", dict(_COMMON, num_hidden_layers=3,
-                                                     num_attention_heads=2, num_key_value_heads=1,
-                                                     lru_width=24, intermediate_size=48,
-                                                     attention_window_size=4, conv1d_width=4),
-                        True),
-    "lfm2": ("Lfm2Config", dict(_COMMON, num_hidden_layers=3, num_attention_heads=2,
-                                num_key_value_heads=1, intermediate_size=48, block_multiple_of=16,
-                                conv_L_cache=3, layer_types=["conv", "full_attention", "conv"]),
-             True),
-    # qk and v widths multiples of 64: transformers' xLSTM cache rounds them up to 64.
-    "xlstm": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0, v_dim_factor=4.0,
-                                  chunk_size=4, tie_word_embeddings=False), True),
-    "xlstm_fused": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0,
-                                        v_dim_factor=4.0, chunk_size=4, weight_mode="fused",
-                                        tie_word_embeddings=False), True),
     "qwen3_next": ("Qwen3NextConfig", dict(
         _COMMON, num_hidden_layers=4, layer_types=["linear_attention", "full_attention",
                                                    "linear_attention", "full_attention"],
@@ -116,6 +105,19 @@ FAMILIES = {
         linear_num_heads=1, linear_head_dim=12, num_local_experts=4, num_experts_per_tok=3,
         moe_intermediate_size=8, n_shared_experts=2, intermediate_size=24, norm_topk_prob=False),
         True),
+    # Griffin's R, R, A pattern; the 9-token prompt runs past the attention window of 4.
+    "recurrent_gemma": ("RecurrentGemmaConfig", dict(_COMMON, num_hidden_layers=3,
+                                                     num_attention_heads=2, num_key_value_heads=1,
+                                                     lru_width=24, intermediate_size=48,
+                                                     attention_window_size=4, conv1d_width=4),
+                        True),
+    "lfm2": ("Lfm2Config", dict(_COMMON, num_hidden_layers=3, num_attention_heads=2,
+                                num_key_value_heads=1, intermediate_size=48, block_multiple_of=16,
+                                conv_L_cache=3, layer_types=["conv", "full_attention", "conv"]),
+             True),
+    # qk and v widths multiples of 64: transformers' xLSTM cache rounds them up to 64.
+    "xlstm": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0, v_dim_factor=4.0,
+                                  chunk_size=4, tie_word_embeddings=False), True),
 }
 
 

@@ -17,6 +17,8 @@ from flax import nnx
 
 from linear_attention.nn import attention, delta, moe, mlp
 
+pytestmark = pytest.mark.hf
+
 RTOL = 1e-4
 
 

@@ -4,7 +4,6 @@ token-by-token decoding against the same forward. Skipped without torch/transfor
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,6 +14,8 @@ from tests import helpers
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.hf
 
 B, T = 2, 19
 

@@ -123,8 +123,9 @@ def test_attention_options_decode_equals_forward(kw):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(qk_norm="layer"), "qk_norm must be None"),
-    (dict(rotary_dim=3), "rotary_dim must be even"),
-    (dict(rotary_dim=6, head_dim=4), "rotary_dim must be even and <= head_dim=4"),
+    (dict(rotary_dim=3), "rotary_dim must be None or an even int"),
+    (dict(rotary_dim=6, head_dim=4), "even int in 2..head_dim=4, got 6"),
+    (dict(head_dim=5), "head_dim must be even for RoPE"),
     (dict(scale=-1.0), "scale must be None or a number > 0"),
 ])
 def test_attention_bad_options_raise(kw, match):
@@ -181,3 +182,43 @@ def test_kda_head_dim_independent_of_d_model():
   x = jax.random.normal(jax.random.key(4), (1, 6, 16))
   np.testing.assert_allclose(decode_all(layer, x), layer(x), rtol=2e-5, atol=2e-6)
   assert layer.init_cache(1, 6)["state"].shape == (1, 2, 12, 12)
+
+
+def test_layer_specs_with_moe_post_norm_and_norm_offset_decode_as_they_run():
+  from linear_attention.models.blocks import LayerSpec
+  from linear_attention.models.lm import LanguageModel
+  moe_kw = dict(num_experts=4, top_k=2, shared_hidden=8, shared_gate=True)
+  layers = [LayerSpec("gated_deltanet", 2, mixer_kwargs=dict(num_v_heads=4, head_k_dim=4,
+                                                              head_v_dim=4),
+                      mlp="moe", mlp_hidden=8, mlp_kwargs=moe_kw, norm_offset=1),
+            LayerSpec("softmax", 2, mixer_kwargs=dict(qk_norm="full"), mlp="swiglu",
+                      mlp_hidden=16, post_norm=True),
+            LayerSpec("mla", 2, mixer_kwargs=dict(kv_lora_rank=4), mlp="moe", mlp_hidden=8,
+                      mlp_kwargs=dict(num_experts=4, top_k=1, score="sigmoid", score_bias=True))]
+  model = LanguageModel(32, 16, layers=layers, norm_offset=1, tie_embeddings=False,
+                        rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(5), (2, 7), 0, 32)
+  full = model(tokens)
+  cache = model.init_cache(2, 7)
+  steps = []
+  for t in range(7):
+    logits, cache = model.decode_step(tokens[:, t], cache)
+    steps.append(logits)
+  np.testing.assert_allclose(jnp.stack(steps, 1), full, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="norm_offset applies to models given by layers="):
+    LanguageModel(32, 16, 1, mixer="softmax", norm_offset=1, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="post_norm=True has none"):
+    from linear_attention.models.blocks import Block
+    Block(16, "softmax", 2, post_norm=True, short_conv=4, rngs=nnx.Rngs(0))
+
+
+def test_moe_bfloat16_runs_in_bfloat16_with_float32_accumulation():
+  layer = moe.MoE(16, 4, 2, 8, shared_hidden=8, rngs=nnx.Rngs(0), dtype=jnp.bfloat16,
+                  param_dtype=jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(0), (2, 3, 16))
+  y = layer(x.astype(jnp.bfloat16))
+  assert y.dtype == jnp.bfloat16
+  f32 = moe.MoE(16, 4, 2, 8, shared_hidden=8, rngs=nnx.Rngs(0))
+  nnx.update(f32, jax.tree.map(lambda a: a.astype(jnp.float32), nnx.state(layer)))
+  np.testing.assert_allclose(y.astype(jnp.float32), f32(x.astype(jnp.bfloat16).astype(jnp.float32)),
+                             rtol=5e-2, atol=5e-2)

@@ -131,6 +131,7 @@ def _hf_xlstm():
   return pytest.importorskip("transformers.models.xlstm.modeling_xlstm")
 
 
+@pytest.mark.hf
 @pytest.mark.parametrize("t", [19, 24])
 def test_matches_transformers_xlstm_kernels(t):
   """transformers' xLSTM-7B backend (chunks of 8 through its chunkwise kernel, the rest

@@ -4,8 +4,10 @@ SwiGLU MLP (``shared_mlp``), with Granite's multipliers: embeddings times
 ``embedding_multiplier``, attention logits times ``attention_multiplier``, each branch times
 ``residual_multiplier`` before its residual add, logits over ``logits_scaling``.
 
-Dense checkpoints only (``num_local_experts = 0``, e.g. granite-4.0-h-micro); the MoE ones
-(tiny, small) are refused by name until the shared MoE layer exists.
+With ``num_local_experts > 0`` (granite-4.0-h-tiny, -small) the MLP is ``nn.moe.MoE``: the
+top ``num_experts_per_tok`` of the router's logits, softmax over them (softmax scores
+renormalised over the chosen experts), SwiGLU experts of width ``intermediate_size``, plus
+the ``shared_mlp``.
 """
 
 from __future__ import annotations
@@ -57,10 +59,6 @@ def _rope(config: Mapping[str, Any]) -> dict:
 
 
 def _specs(config: Mapping[str, Any]) -> list[LayerSpec]:
-  if get(config, "num_local_experts", 0):
-    raise ValueError(f"config.json num_local_experts={config['num_local_experts']}: Granite-4.0-H "
-                     f"MoE checkpoints are not supported yet (dense ones, num_local_experts=0, "
-                     f"are).")
   for key, supported, default in (("attention_bias", False, False), ("hidden_act", "silu", "silu")):
     require(config, key, supported, default)
   eps = float(get(config, "rms_norm_eps", 1e-6))
@@ -72,6 +70,11 @@ def _specs(config: Mapping[str, Any]) -> list[LayerSpec]:
   m_heads, m_kwargs = mamba2.mixer_kwargs(config, **_MAMBA_KEYS)
   common = dict(mlp="swiglu", mlp_hidden=get(config, "shared_intermediate_size"), norm_eps=eps,
                 residual_scale=number(get(config, "residual_multiplier", 1.0)))
+  experts = get(config, "num_local_experts", 0)
+  if experts:  # routed experts plus the shared MLP (softmax over the top-k router logits)
+    common.update(mlp="moe", mlp_hidden=get(config, "intermediate_size"), mlp_kwargs=dict(
+        num_experts=experts, top_k=get(config, "num_experts_per_tok"), score="softmax",
+        renormalize=True, shared_hidden=get(config, "shared_intermediate_size")))
   return [LayerSpec("mamba2", m_heads, mixer_kwargs=m_kwargs, **common) if kind == "mamba"
           else LayerSpec("softmax", heads, mixer_kwargs=attn, **common)
           for kind in layer_kinds(config)]
@@ -79,7 +82,7 @@ def _specs(config: Mapping[str, Any]) -> list[LayerSpec]:
 
 def build(config: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=None,
           param_dtype=jnp.float32) -> LanguageModel:
-  """The ``LanguageModel`` of a dense Granite-4.0-H ``config.json``."""
+  """The ``LanguageModel`` of a Granite-4.0-H ``config.json``."""
   return LanguageModel(get(config, "vocab_size"), get(config, "hidden_size"),
                        layers=_specs(config),
                        tie_embeddings=get(config, "tie_word_embeddings", False),
@@ -92,13 +95,22 @@ def build(config: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=None,
 def tensors(config: Mapping[str, Any]) -> list:
   """Checkpoint names of every parameter."""
   out = embeddings_and_head(config, "model.embed_tokens.weight", "model.norm.weight", False)
+  experts = get(config, "num_local_experts", 0)
   for i, kind in enumerate(layer_kinds(config)):
     hf, p = f"model.layers.{i}.", ("backbone", "blocks", i)
+    shared = p + ("mlp", "shared") if experts else p + ("mlp",)
     out += [core.same(hf + "input_layernorm.weight", p + ("mixer_norm", "scale")),
             core.same(hf + "post_attention_layernorm.weight", p + ("mlp_norm", "scale")),
             # input_linear is gate then up, side by side: the SwiGLU's fused kernel.
-            core.linear(hf + "shared_mlp.input_linear.weight", p + ("mlp", "up", "kernel")),
-            core.linear(hf + "shared_mlp.output_linear.weight", p + ("mlp", "down", "kernel"))]
+            core.linear(hf + "shared_mlp.input_linear.weight", shared + ("up", "kernel")),
+            core.linear(hf + "shared_mlp.output_linear.weight", shared + ("down", "kernel"))]
+    if experts:  # [E, out, in] stacks, transposed per expert to the MoE's [E, in, out]
+      moe = hf + "block_sparse_moe."
+      t = lambda name, attr: core.Tensor(p + ("mlp", attr), (moe + name,),
+                                         lambda a: a[0].transpose(0, 2, 1),
+                                         lambda v: [v.transpose(0, 2, 1)])
+      out += [core.linear(moe + "router.layer.weight", p + ("mlp", "router")),
+              t("input_linear.weight", "gate_up"), t("output_linear.weight", "down")]
     if kind == "mamba":
       out += mamba2.mixer_tensors(hf + "mamba.", p + ("mixer",), config, groups="mamba_n_groups",
                                   heads="mamba_n_heads", head_dim="mamba_d_head")
