@@ -63,3 +63,17 @@ def test_delta_form_timings_are_the_results_files():
   # "its chunk form is the slower one forward and forward+backward"
   assert all(r["chunk_fwd"] > r["recurrent_fwd"] and r["chunk_fwdbwd"] > r["recurrent_fwdbwd"]
              for r in dp)
+
+
+def test_context_parallel_memory_table_is_the_results_file():
+  import json
+  rows = json.load(open(os.path.join(ROOT, "results", "bench_scale_cpu.json")))["rows"]
+  gla = {(r["seq_len"], r["seq"]): r for r in rows if r["mixer"] == "gla"}
+  for t in sorted({t for t, _ in gla}):
+    cells = []
+    for s in (1, 2, 4):
+      r = gla[t, s]
+      cells.append(f"{r['memory_bytes']['total'] / 2 ** 20:,.0f} MiB"
+                   + ("" if r["fits"] else " (over)"))
+    line = f"| {t:,} | " + " | ".join(cells) + " |"
+    assert line in README, line
