@@ -42,3 +42,38 @@ def test_param_table_covers_every_causal_registry_mixer():
   rows = json.load(open(os.path.join(ROOT, "results", "param_table.json")))["rows"]
   # The table is of language models: the encoder mixers cannot be in one.
   assert sorted(r["mixer"] for r in rows) == sorted(registry.CAUSAL_MIXERS)
+
+
+def test_delta_form_timings_are_the_results_files():
+  """The `auto` form's timings the ops table quotes are those of
+  results/bench_delta_forms_cpu.json (ms, one decimal; the 16k ones rounded)."""
+  import json
+  rows = json.load(open(os.path.join(ROOT, "results", "bench_delta_forms_cpu.json")))["rows"]
+  ms = {(r["variant"], r["T"]): {k: 1e3 * r[f"{k}_s"] for k in (
+      "chunk_fwd", "chunk_fwdbwd", "recurrent_fwd", "recurrent_fwdbwd")} for r in rows}
+  g = ms["gated_deltanet", 4096]
+  assert (f"forward {g['recurrent_fwd']:.1f} vs {g['chunk_fwd']:.1f} ms, forward+backward "
+          f"{g['chunk_fwdbwd']:.1f} vs {g['recurrent_fwdbwd']:.1f} ms") in README
+  for name, label in (("kda", "KDA"), ("rwkv7", "RWKV-7")):
+    a, b = ms[name, 4096], ms[name, 16384]
+    assert (f"{label} 4k {a['chunk_fwdbwd']:.0f} vs {a['recurrent_fwdbwd']:.0f}"
+            + (" ms" if name == "kda" else "")
+            + f", 16k {b['chunk_fwdbwd']:.0f} vs {b['recurrent_fwdbwd']:.0f}") in README
+  dp = [ms["gated_deltaproduct", t] for t in (1024, 4096, 16384)]
+  # "its chunk form is the slower one forward and forward+backward"
+  assert all(r["chunk_fwd"] > r["recurrent_fwd"] and r["chunk_fwdbwd"] > r["recurrent_fwdbwd"]
+             for r in dp)
+
+
+def test_context_parallel_memory_table_is_the_results_file():
+  import json
+  rows = json.load(open(os.path.join(ROOT, "results", "bench_scale_cpu.json")))["rows"]
+  gla = {(r["seq_len"], r["seq"]): r for r in rows if r["mixer"] == "gla"}
+  for t in sorted({t for t, _ in gla}):
+    cells = []
+    for s in (1, 2, 4):
+      r = gla[t, s]
+      cells.append(f"{r['memory_bytes']['total'] / 2 ** 20:,.0f} MiB"
+                   + ("" if r["fits"] else " (over)"))
+    line = f"| {t:,} | " + " | ".join(cells) + " |"
+    assert line in README, line
