@@ -405,6 +405,12 @@ def main_model(argv=None) -> dict:
   if jax.device_count() < max(c[1] for c in cases):
     raise SystemExit(f"error: {max(c[1] for c in cases)} devices needed, got "
                      f"{jax.device_count()} (XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}).")
+  if os.path.exists(args.out):  # rows of earlier runs into the same file are kept
+    import json
+    with open(args.out) as f:
+      key = lambda r: (r["size"], r["devices"], r["seq_len"], r["remat"])
+      out["rows"] = [r for r in json.load(f)["rows"] if key(r) not in
+                     {(c[0], c[1], c[2], c[3]) for c in cases}]
   for size, n, t, remat in cases:
     compiled, num_params, compile_s = abstract_step(MODEL_SHAPES[size], n, t, remat)
     mem = memory_row(compiled)
