@@ -376,13 +376,13 @@ def main_model(argv=None) -> dict:
   p.add_argument("--devices", default="8,64")
   p.add_argument("--lengths", default="4096,32768")
   p.add_argument("--remat", default="none,block")
+  p.add_argument("--cases", default="",
+                 help="size/devices/T/remat;... in this order, instead of every combination "
+                      "of the lists above (each compile takes minutes on a loaded CPU)")
   outputs.add_out(p, "bench_scale_model_cpu.json")
   args = p.parse_args(argv)
   sizes, devs = args.sizes.split(","), [int(x) for x in args.devices.split(",")]
   lengths, remats = [int(x) for x in args.lengths.split(",")], args.remat.split(",")
-  if jax.device_count() < max(devs):
-    raise SystemExit(f"error: --devices up to {max(devs)} needs that many devices, got "
-                     f"{jax.device_count()} (XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}).")
   out = {"benchmark": "bench_scale (model): train-step memory per device of a Gated DeltaNet "
                       "hybrid (one softmax layer in four), FSDP over fake CPU devices",
          "memory": "XLA memory_analysis of the compiled train step (forward, backward, AdamW) "
@@ -398,22 +398,34 @@ def main_model(argv=None) -> dict:
          "rows": []}
   print(f"{'size':>4} {'dev':>4} {'T':>6} {'remat':>6} {'params':>7} {'temp GB':>8} "
         f"{'state GB':>9} {'peak GB':>8} {'80GB':>5} {'16GB':>5} {'compile s':>9}", flush=True)
-  for size in sizes:
-    for t in lengths:
-      for n in devs:
-        for remat in remats:
-          compiled, num_params, compile_s = abstract_step(MODEL_SHAPES[size], n, t, remat)
-          mem = memory_row(compiled)
-          del compiled
-          row = {"size": size, "devices": n, "seq_len": t, "remat": remat,
-                 "num_params": num_params, "memory_bytes": mem, "compile_s": compile_s,
-                 "fits": {k: mem["peak"] <= v * GB for k, v in DEVICE_BUDGETS_GB.items()}}
-          out["rows"].append(row)
-          print(f"{size:>4} {n:>4} {t:>6} {remat:>6} {num_params / 1e9:>6.2f}B "
-                f"{mem['temp'] / GB:>8.2f} {mem['arguments'] / GB:>9.2f} "
-                f"{mem['peak'] / GB:>8.2f} {str(row['fits']['gpu_80gb']):>5} "
-                f"{str(row['fits']['tpu_v5e_16gb']):>5} {compile_s:>9.1f}", flush=True)
-          write_json(args.out, out)  # after every row: a long run keeps what it measured
+  if args.cases:
+    cases = [(c[0], int(c[1]), int(c[2]), c[3])
+             for c in (x.split("/") for x in args.cases.split(";"))]
+  else:
+    cases = [(size, n, t, remat) for size in sizes for t in lengths for n in devs
+             for remat in remats]
+  if jax.device_count() < max(c[1] for c in cases):
+    raise SystemExit(f"error: {max(c[1] for c in cases)} devices needed, got "
+                     f"{jax.device_count()} (XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}).")
+  if os.path.exists(args.out):  # rows of earlier runs into the same file are kept
+    import json
+    with open(args.out) as f:
+      key = lambda r: (r["size"], r["devices"], r["seq_len"], r["remat"])
+      out["rows"] = [r for r in json.load(f)["rows"] if key(r) not in
+                     {(c[0], c[1], c[2], c[3]) for c in cases}]
+  for size, n, t, remat in cases:
+    compiled, num_params, compile_s = abstract_step(MODEL_SHAPES[size], n, t, remat)
+    mem = memory_row(compiled)
+    del compiled
+    row = {"size": size, "devices": n, "seq_len": t, "remat": remat,
+           "num_params": num_params, "memory_bytes": mem, "compile_s": compile_s,
+           "fits": {k: mem["peak"] <= v * GB for k, v in DEVICE_BUDGETS_GB.items()}}
+    out["rows"].append(row)
+    print(f"{size:>4} {n:>4} {t:>6} {remat:>6} {num_params / 1e9:>6.2f}B "
+          f"{mem['temp'] / GB:>8.2f} {mem['arguments'] / GB:>9.2f} "
+          f"{mem['peak'] / GB:>8.2f} {str(row['fits']['gpu_80gb']):>5} "
+          f"{str(row['fits']['tpu_v5e_16gb']):>5} {compile_s:>9.1f}", flush=True)
+    write_json(args.out, out)  # after every row: a long run keeps what it measured
   print(f"wrote {args.out}", flush=True)
   return out
 

@@ -15,7 +15,7 @@ Checkpointing changes what is stored, not what is computed: the loss and the gra
 the same as without it to float32 rounding (XLA fuses the recomputation differently). It
 saves memory where the stack runs as a scan (``scan=True``): in an unrolled stack XLA on
 CPU schedules the recomputed forwards early in the backward pass, and the memory plan keeps
-about as much as without checkpointing (``results/bench_scale_model_cpu.json``).
+about as much as without checkpointing.
 
 ``scan=True`` (``config.model.scan_layers``) runs the stack as a ``lax.scan`` over its
 repeating unit (one block for a plain stack, the pattern's period for a hybrid such as
