@@ -45,6 +45,8 @@ HELP_ONLY = {
     "experiments/bench/bench_ops.py": "its smoke mode compiles every case (minutes); "
                                       "tests/test_bench.py traces the cases",
     "experiments/bench/bench_delta_forms.py": "times at 1k-16k tokens (no smoke mode)",
+    "experiments/bench/bench_hub.py": "needs torch and transformers (the hf extra), which "
+                                      "the main suite does not install",
     "experiments/bench/bench_scale.py": "trains on 4 fake devices (no smoke mode)",
     "experiments/bench/bench_scores.py": "times at 4k tokens (no smoke mode)",
     "experiments/bench/bench_train.py": "trains the studies' models (no smoke mode)",

@@ -14,14 +14,15 @@ against transformers' (torch, its own cache), in the same process on the same ``
 cores (the process is pinned to them), as ratios.
 Needs torch and transformers (``pip install -e ".[hf]"``).
 
-Results go to ``<out>/bench_hub.json`` (``bench_hub_qwen3_next.json`` for that model); a
-table is printed.
+Results go to ``<out>/bench_hub.json`` (``bench_hub_qwen3_next.json`` for that model), by
+default under ``runs/results/``; the committed copies only with ``--out results``. A table is
+printed.
 
-    python experiments/bench_hub.py                        # both parts, defaults
-    python experiments/bench_hub.py --part memory --gb 1.1
-    python experiments/bench_hub.py --part speed --threads 1
-    python experiments/bench_hub.py --part speed --model qwen3_next --layers 4
-    python experiments/bench_hub.py --smoke                # tiny, to check it runs
+    python experiments/bench/bench_hub.py                        # both parts, defaults
+    python experiments/bench/bench_hub.py --part memory --gb 1.1
+    python experiments/bench/bench_hub.py --part speed --threads 1
+    python experiments/bench/bench_hub.py --part speed --model qwen3_next --layers 4
+    python experiments/bench/bench_hub.py --smoke                # tiny, to check it runs
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ import subprocess
 import sys
 import tempfile
 import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)  # the package and experiments/
+
+from experiments import outputs  # noqa: E402
 
 
 def _mamba2_config(d_model: int, layers: int, vocab: int, *, head_dim: int = 64,
@@ -229,7 +235,9 @@ def main() -> None:
   parser.add_argument("--decode", type=int, default=64)
   parser.add_argument("--reps", type=int, default=3)
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
-  parser.add_argument("--out", default="results")
+  parser.add_argument("--out", default=outputs.RUNS_RESULTS,
+                      help="folder of the JSON (default runs/results; the committed copies "
+                           "only when named: --out results)")
   parser.add_argument("--load-child", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.load_child:
