@@ -251,6 +251,16 @@ def config_changes(stored: Mapping[str, Any], new: Mapping[str, Any]) -> dict[st
   return {k: (old[k], v) for k, v in cur.items() if k in old and old[k] != v}
 
 
+def used_mixers(mcfg: Mapping[str, Any]) -> set[str]:
+  """The registry names of the mixers the model of ``config.model`` builds."""
+  pattern = mcfg.get("pattern") or None
+  if pattern is None:
+    return {mcfg["mixer"]}
+  from linear_attention import models  # the heavy imports only when a pattern is given
+  layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
+  return set(models.resolve_pattern(layers, None, pattern))
+
+
 def _unused_mixer_prefixes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   """``model.mixer_kwargs.<name>.`` of every mixer the model does not build: options that
   change no parameter (a directory written before they were refused may hold any)."""
@@ -258,9 +268,8 @@ def _unused_mixer_prefixes(config: ml_collections.ConfigDict) -> tuple[str, ...]
   kwargs = model.get("mixer_kwargs") or {}
   if not kwargs or "mixer" not in model:
     return ()
-  from linear_attention.train import trainer
   try:
-    used = trainer.used_mixers(model)
+    used = used_mixers(model)
   except ValueError:
     return ()
   return tuple(f"model.mixer_kwargs.{n}." for n in kwargs if n not in used)

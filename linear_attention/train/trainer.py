@@ -671,7 +671,7 @@ def check_mixer_kwargs(mcfg: Mapping[str, Any]) -> None:
   from linear_attention.nn import registry
   mk = mcfg.get("mixer_kwargs") or {}
   mk = mk.to_dict() if isinstance(mk, ml_collections.ConfigDict) else dict(mk)
-  used = used_mixers(mcfg)
+  used = rundir.used_mixers(mcfg)
   defaults = _mixer_option_defaults()
   bad = []
   for name, opts in sorted(mk.items()):
@@ -684,15 +684,6 @@ def check_mixer_kwargs(mcfg: Mapping[str, Any]) -> None:
     raise ValueError(f"{', '.join(bad)} set(s) an option of a mixer this model does not use "
                      f"(its mixers: {sorted(used)}); drop it, or set config.model.mixer / "
                      "config.model.pattern to a model that uses it.")
-
-
-def used_mixers(mcfg: Mapping[str, Any]) -> set[str]:
-  """The registry names of the mixers the model of ``config.model`` builds."""
-  pattern = mcfg.get("pattern") or None
-  if pattern is None:
-    return {mcfg["mixer"]}
-  layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
-  return set(models.resolve_pattern(layers, None, pattern))
 
 
 _OPTION_DEFAULTS: dict = {}
