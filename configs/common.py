@@ -101,7 +101,8 @@ def check_choice(name: str, value: str, choices) -> None:
 
 # Set by model.dtype, not per mixer.
 _MODEL_LEVEL_KWARGS = ("dtype", "param_dtype")
-_NONE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+_NONE_TYPES = {"int": int, "float": float, "str": str, "bool": bool,
+               "tuple[float, float]": tuple}
 
 
 def mixer_kwargs_config() -> ml_collections.ConfigDict:

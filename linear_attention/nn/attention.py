@@ -90,6 +90,8 @@ class SoftmaxAttention(mixer.Mixer):
     self.o_proj = modules.dense(num_heads * head_dim, d_model, **{
         **kw, "use_bias": use_bias if out_bias is None else out_bias})
     self.g_proj = modules.dense(d_model, num_heads * head_dim, **kw) if output_gate else None
+    if norm_offset not in (0, 1):  # checked even without a q/k norm: a typo never passes
+      raise ValueError(f"norm_offset must be 0 or 1, got {norm_offset!r}.")
     norm = lambda dim: norm_lib.RMSNorm(dim, eps=qk_norm_eps, offset=norm_offset,
                                         param_dtype=param_dtype)
     if qk_norm == "head":

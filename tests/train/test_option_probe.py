@@ -27,7 +27,7 @@ _BY_TYPE = {int: 0, float: -1.0, str: "nope", tuple: (16.0, 1.0)}
 # Options where the type's value above is valid.
 _SPECIAL = {
     "seed": -1, "num_global": -1, "num_global_blocks": -1, "num_random_blocks": -1,
-    "lower_bound": 1.0,
+    "lower_bound": 1.0, "initial_m": float("nan"),
 }
 
 
