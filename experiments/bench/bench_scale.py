@@ -327,7 +327,7 @@ def abstract_step(shape: dict, devices: int, seq_len: int, remat: str, *, scan: 
   no parameter is allocated).
 
   Returns:
-    ``(compiled, num_params, compile_s)``.
+    ``(compiled, num_params, compile_s, compile_cpu_s)`` (wall and CPU seconds).
   """
   mesh = sharding.make_mesh({"data": devices, "seq": 1})
   ocfg = dict(lr=1e-3, warmup_steps=10, final_lr_ratio=0.1, weight_decay=0.1, b1=0.9,
@@ -353,9 +353,10 @@ def abstract_step(shape: dict, devices: int, seq_len: int, remat: str, *, scan: 
            "mask": jax.ShapeDtypeStruct((rows, seq_len), np.float32, sharding=batch_sh)}
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   train_fn, _ = trainer.make_steps(graphdef, "lm", state_sh, batch_sh, repl)
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), time.process_time()
   compiled = train_fn.lower(abstract, batch).compile()
-  return compiled, int(num_params), time.perf_counter() - t0
+  # CPU seconds too: steadier than wall-clock ones on a shared host.
+  return compiled, int(num_params), time.perf_counter() - t0, time.process_time() - c0
 
 
 def memory_row(compiled) -> dict:
@@ -414,7 +415,7 @@ def main_model(argv=None) -> dict:
       out["rows"] = [r for r in json.load(f)["rows"] if key(r) not in
                      {(c[0], c[1], c[2], c[3]) for c in cases}]
   for size, n, t, remat in cases:
-    compiled, num_params, compile_s = abstract_step(MODEL_SHAPES[size], n, t, remat)
+    compiled, num_params, compile_s, _ = abstract_step(MODEL_SHAPES[size], n, t, remat)
     mem = memory_row(compiled)
     del compiled
     row = {"size": size, "devices": n, "seq_len": t, "remat": remat,
@@ -439,15 +440,19 @@ def main_depth(argv=None) -> dict:
   outputs.add_out(p, "bench_scale_depth_cpu.json")
   args = p.parse_args(argv)
   shape = dict(d_model=64, num_heads=2)
-  out = {"benchmark": "bench_scale (depth): train-step compile time against depth",
+  out = {"benchmark": "bench_scale (depth): train-step compile time against depth (lowering "
+                      "and XLA compile; wall and CPU seconds of this process)",
          "model": {**shape, "mixer": args.mixer, "vocab": 256, "seq_len": 512, "devices": 1},
          "device": f"CPU, {os.cpu_count()} cores, jax {jax.__version__}", "rows": []}
   for scan in (False, True):
     for depth in (int(x) for x in args.depths.split(",")):
-      _, _, compile_s = abstract_step({**shape, "num_layers": depth}, 1, 512, "none",
-                                      scan=scan, vocab=256, mixer=args.mixer, fsdp=False)
-      out["rows"].append({"scan_layers": scan, "num_layers": depth, "compile_s": compile_s})
-      print(f"scan_layers={scan!s:>5} layers {depth:>3}: compile {compile_s:6.1f} s", flush=True)
+      _, _, compile_s, cpu_s = abstract_step({**shape, "num_layers": depth}, 1, 512, "none",
+                                             scan=scan, vocab=256, mixer=args.mixer,
+                                             fsdp=False)
+      out["rows"].append({"scan_layers": scan, "num_layers": depth, "compile_s": compile_s,
+                          "compile_cpu_s": cpu_s})
+      print(f"scan_layers={scan!s:>5} layers {depth:>3}: compile {compile_s:6.1f} s wall, "
+            f"{cpu_s:6.1f} s CPU", flush=True)
       write_json(args.out, out)
   print(f"wrote {args.out}", flush=True)
   return out

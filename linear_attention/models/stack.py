@@ -19,10 +19,11 @@ about as much as without checkpointing.
 
 ``scan=True`` (``config.model.scan_layers``) runs the stack as a ``lax.scan`` over its
 repeating unit (one block for a plain stack, the pattern's period for a hybrid such as
-``"DDDA"``), so the step is traced and compiled once per unit instead of once per layer:
-compile time stops growing with depth. The parameters stay one module per block (the same
-checkpoints and names); the scan stacks them inside the step, which costs one extra copy
-of the blocks' parameters (and of their gradients) per device.
+``"DDDA"``), so the blocks are traced and compiled once per unit instead of once per
+layer. The parameters stay one module per block (the same checkpoints and names); the scan
+stacks them inside the step, which costs one extra copy of the blocks' parameters (and of
+their gradients) per device, and the optimizer still updates each block's parameters
+apart, so compile time still grows with depth, more slowly than unrolled.
 """
 
 from __future__ import annotations
