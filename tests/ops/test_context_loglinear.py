@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention import ops
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines.context import SeqContext
 from tests.helpers import assert_tree_close, keys, rand, value_and_grads
 from tests.ops import multidevice
 from tests.ops.test_context import BOTH, TOL, _compare
