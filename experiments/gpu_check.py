@@ -40,7 +40,7 @@ someone does, ``None`` stays XLA.
 Achieved TFLOP/s count the chunk algorithm's matmul FLOPs (see
 :func:`chunk_flops`), the same count for every implementation, so the TFLOP/s
 ratio equals the speed ratio. Only ``linear_attention.ops`` and
-``linear_attention.kernels`` are imported (no ml-collections, no flax).
+``linear_attention.engines`` are imported (no ml-collections, no flax).
 """
 
 from __future__ import annotations

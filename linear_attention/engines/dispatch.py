@@ -1,10 +1,12 @@
 """Dispatch policy shared by every kernel: which implementation runs, on which
 platform, in interpret mode or not, with which compiler parameters.
 
-Imports go one way: ``ops`` -> ``kernels`` -> ``common``. The ops ask this
-module whether to call a kernel (:func:`resolve_implementation`); each kernel
-entry point checks its launch arguments here (:func:`resolve_launch`). Nothing
-in this module imports from ``ops`` beyond ``common``.
+Imports go one way: ``ops`` -> ``engines`` -> ``common``. The engines ask this
+module whether to call a kernel (:func:`resolve_implementation`) and which chunk length
+``chunk_size=None`` means (:func:`resolve_chunk_size`); each kernel entry point checks its
+launch arguments here (:func:`resolve_launch`) and finds its lowering for a platform in
+the one backend table (:data:`LOWERINGS`, :func:`lowering`). This module imports only
+``common``.
 
 Vocabulary, the same for every op and kernel:
 
