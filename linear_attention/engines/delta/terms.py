@@ -15,12 +15,12 @@ def delta_chunk_terms(qh, kh, vh, bh, g, seg, chunk_size: int):
   Inputs ``[B, H, T, *]`` (``qh`` already scaled), ``bh, g`` ``[B, H, T]``
   (``g`` floored, see :func:`floor_log_decay`, or None), ``seg`` from
   :func:`segment_index` or None. With ``D = U - W S_0`` per chunk (the algebra
-  of :mod:`linear_attention.ops.delta`), returns ``(qg, a, u, w, k_end,
+  of :mod:`linear_attention.engines.delta.engine`), returns ``(qg, a, u, w, k_end,
   chunk_decay)``: the decayed queries ``Q e^G`` and in-chunk scores ``A``
   (``[B, H, N, C, K]``, ``[B, H, N, C, C]``), ``U`` and ``W`` (``[B, H, N, C,
   V]``, ``[B, H, N, C, K]``), the keys decayed to the chunk's end and the
   chunk's decay (``[B, H, N, C, K]``, ``[B, H, N]``), segment masks folded in.
-  Shared by the XLA chunk form and the Pallas kernel (``kernels.chunk_delta``).
+  Shared by the XLA chunk form and the Pallas kernel (``engines.delta.pallas``).
   """
   b, h = qh.shape[:2]
   c = chunk_size

@@ -1,4 +1,4 @@
-"""The diagonal-plus-low-rank (DPLR) engine, a generalised delta rule, and its variants.
+"""The diagonal-plus-low-rank (DPLR) engine, a generalised delta rule.
 
 One recurrence over a matrix state ``S`` of shape ``[K, V]`` per batch row and
 head, with a per-channel decay ``D_t = diag(exp(log_decay_t))`` and a rank-one
@@ -14,15 +14,8 @@ token runs ``R`` such sub-steps, the decay in the first only and the query
 read after the last (``a, b, k`` ``[B, T, H, R, K]``, ``v`` ``[B, T, H, R, V]``);
 that is DeltaProduct's product of ``R`` Householder-like factors per token.
 
-The variants here are thin maps onto it:
-
-* RWKV-7 (Peng et al. 2025): ``a = -(iclr * kappa_hat)``, ``b = kappa_hat``,
-  ``k = k_tilde``, the decay ``w`` per channel, plus the bonus term.
-* Kimi Delta Attention (Kimi Linear, 2025):
-  ``S_t = (I - beta_t k_t k_t^T) diag(alpha_t) S_{t-1} + beta_t k_t v_t^T``, i.e.
-  ``a = -beta k``, ``b = alpha * k``, write key ``beta k``.
-* Gated DeltaProduct (Siems et al. 2025): ``R`` Householder steps per token
-  after one scalar gate.
+Its variants (RWKV-7, Kimi Delta Attention, Gated DeltaProduct) are thin maps onto it in
+:mod:`linear_attention.ops.dplr`, calling :func:`dplr_attention`.
 
 Forms (all agree; the tests prove it):
 
@@ -62,7 +55,7 @@ that shares the decay factors. Every decay factor is
 is ``<= 1``: log decays down to -20 per step (and ``-inf``, floored by
 :func:`~linear_attention.common.floor_log_decay`) underflow to exact zeros
 and never overflow. Segment starts are exact resets, masks as in
-:mod:`linear_attention.ops.delta`.
+:mod:`linear_attention.engines.delta.engine`.
 
 Stability is the caller's business: the engine applies any ``a, b``. For the
 delta-rule maps (unit ``b``, ``a = -beta b``, ``0 <= beta <= 2``) the

@@ -7,7 +7,7 @@ The kernel twin of :func:`linear_attention.ops.delta.delta_rule`
 
 with ``a_t = exp(log_decay_t)`` a scalar gate per head and step (or 1).
 
-Split of the work (the chunk algebra is in :mod:`linear_attention.ops.delta`'s
+Split of the work (the chunk algebra is in :mod:`linear_attention.engines.delta.engine`'s
 docstring). Everything that does not depend on the state entering a chunk
 stays in XLA, for all chunks at once (:func:`_prepare`): the ``C x C`` masked
 and decayed scores ``Am``, the UT transform ``(I + L)^{-1}``,

@@ -99,7 +99,7 @@ class KernelConfig:
   platform: str
   interpret: object  # False | True | pltpu.InterpretParams
   exact_dots: bool   # float32 inputs: full-precision dots
-  # The DPLR algebra (kernels.chunk_dplr): pseudo-values U + W S and a
+  # The DPLR algebra (engines.dplr.pallas): pseudo-values U + W S and a
   # per-channel chunk decay [K, 1]; the delta rule's are U - W S and a scalar.
   dplr: bool = False
   num_warps: int | None = None
