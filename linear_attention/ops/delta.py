@@ -85,6 +85,14 @@ def deltanet_step(
   Schlag et al. 2021; Yang et al. 2024 (see :func:`deltanet`). state
   ``[B, H, K, V]``, q, k ``[B, H, K]``, v ``[B, H, V]``, beta ``[B, H]``.
   Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q = k = v = jnp.full((1, 2, 4), 0.5)
+    >>> o, state = ops.deltanet_step(jnp.zeros((1, 2, 4, 4)), q, k, v, jnp.full((1, 2), 0.5))
+    >>> o.shape, state.shape
+    ((1, 2, 4), (1, 2, 4, 4))
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   if normalize_qk:
@@ -156,6 +164,15 @@ def gated_deltanet_step(
   Yang et al. 2024, "Gated Delta Networks" (see :func:`gated_deltanet`). state
   ``[B, H, K, V]``, q, k ``[B, H, K]``, v ``[B, H, V]``, beta and log_decay
   ``[B, H]``. Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q = k = v = jnp.full((1, 2, 4), 0.5)
+    >>> beta, log_decay = jnp.full((1, 2), 0.5), jnp.full((1, 2), -0.1)
+    >>> o, state = ops.gated_deltanet_step(jnp.zeros((1, 2, 4, 4)), q, k, v, beta, log_decay)
+    >>> o.shape
+    (1, 2, 4)
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   if log_decay is None:

@@ -59,6 +59,13 @@ def rwkv7_bonus(r: Array, k: Array, v: Array, bonus: Array) -> Array:
 
   Returns:
     ``[..., H, V]`` in the accumulation dtype (float32 for half inputs).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> r = k = v = jnp.ones((1, 10, 2, 4))
+    >>> ops.rwkv7_bonus(r, k, v, jnp.full((2, 4), 0.25))[0, 0, 0]  # (r . (rho * k)) v
+    Array([1., 1., 1., 1.], dtype=float32)
   """
   acc = common.acc_dtype(r.dtype)
   weight = jnp.sum(r.astype(acc) * bonus.astype(acc) * k.astype(acc), axis=-1, keepdims=True)
@@ -154,6 +161,15 @@ def rwkv7_step(state: Array, r: Array, k: Array, v: Array, log_w: Array, kappa: 
 
   Returns:
     ``(o [B, H, V] in the dtype of r, new_state [B, H, K, V])``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> r = k = v = kappa = a = jnp.full((1, 2, 4), 0.5)
+    >>> log_w = jnp.full((1, 2, 4), -0.1)
+    >>> o, state = ops.rwkv7_step(jnp.zeros((1, 2, 4, 4)), r, k, v, log_w, kappa, a)
+    >>> o.shape
+    (1, 2, 4)
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   bsz, h, dk, dv = common.check_step_qkv(r, k, v, names=("r", "k", "v"))
@@ -241,6 +257,15 @@ def kda_step(state: Array, q: Array, k: Array, v: Array, beta: Array, log_alpha:
   beta ``[B, H]`` in ``[0, 2]``; log_alpha ``[B, H, K]`` ``<= 0``.
 
   Returns: ``(o [B, H, V] in the dtype of q, new_state [B, H, K, V])``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q = k = v = jnp.full((1, 2, 4), 0.5)
+    >>> beta, log_alpha = jnp.full((1, 2), 0.5), jnp.full((1, 2, 4), -0.1)
+    >>> o, state = ops.kda_step(jnp.zeros((1, 2, 4, 4)), q, k, v, beta, log_alpha)
+    >>> o.shape
+    (1, 2, 4)
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   bsz, h, dk, dv = common.check_step_qkv(q, k, v)
@@ -356,6 +381,16 @@ def gated_deltaproduct_step(state: Array, q: Array, k: Array, v: Array, beta: Ar
   ``[B, H]`` ``<= 0``.
 
   Returns: ``(o [B, H, V] in the dtype of q, new_state [B, H, K, V])``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q = jnp.full((1, 2, 4), 0.5)
+    >>> k = v = jnp.full((1, 2, 3, 4), 0.5)  # R = 3 steps
+    >>> beta = jnp.full((1, 2, 3), 0.5)
+    >>> o, state = ops.gated_deltaproduct_step(jnp.zeros((1, 2, 4, 4)), q, k, v, beta)
+    >>> o.shape
+    (1, 2, 4)
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   common.check_float("q", q)

@@ -151,6 +151,15 @@ def forgetting_attention_step(cache: ForgettingCache, q: Array, k: Array, v: Arr
 
   Returns:
     ``(o, new_cache)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> cache = ops.init_forgetting_cache(1, 2, max_len=8, key_dim=4, value_dim=4)
+    >>> q = k = v = jnp.ones((1, 2, 4))
+    >>> o, cache = ops.forgetting_attention_step(cache, q, k, v, jnp.full((1, 2), -0.1))
+    >>> o.shape
+    (1, 2, 4)
   """
   if not isinstance(cache, ForgettingCache):
     raise ValueError("cache must be a ForgettingCache (from init_forgetting_cache), got "

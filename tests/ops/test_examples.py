@@ -10,12 +10,14 @@ import pytest
 
 from linear_attention import ops
 
-# Every engine's entry point and step, and the variants on the delta and DPLR engines.
+# Every engine's entry point and step, and the variants on the delta and DPLR engines (and
+# their steps), GLA, RetNet and Forgetting Attention.
 WITH_EXAMPLES = (
     "decay_linear_attention", "decay_linear_attention_step", "delta_rule", "delta_rule_step",
     "deltanet", "gated_deltanet", "dplr_attention", "dplr_attention_step", "kda", "rwkv7",
     "gated_deltaproduct", "linear_scan", "softmax_attention", "forgetting_attention", "gla",
-    "retention")
+    "retention", "deltanet_step", "gated_deltanet_step", "kda_step", "rwkv7_step", "rwkv7_bonus",
+    "gated_deltaproduct_step", "forgetting_attention_step")
 
 
 def _public_ops():
