@@ -1,4 +1,4 @@
-"""The package's imports form no cycle, and kernels sit below ops.
+"""The package's imports form no cycle, and each floor imports only the floors below it.
 
 Reads every module of ``linear_attention`` with ``ast`` (nothing is imported)
 and builds the graph of its imports of other package modules. Function-level
@@ -105,11 +105,71 @@ def test_the_cycle_finder_finds_one():
   assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_kernels_import_only_kernels_and_ops_common():
-  """ops -> kernels -> common: a kernel never reaches back into the ops."""
-  allowed = ("linear_attention.kernels", "linear_attention.common")
+E = "linear_attention.engines"
+ENGINES = ("decay", "delta", "dplr", "scan", "softmax")
+# An engine's kernel may build on another engine's kernel: DPLR's is the delta kernel with
+# the DPLR chunk algebra.
+KERNEL_BASES = {"dplr": ("delta",)}
+
+
+def _under(name: str, *prefixes: str) -> bool:
+  return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _engine_of(name: str) -> str | None:
+  parts = name.split(".")
+  return parts[2] if len(parts) > 2 and parts[1] == "engines" and parts[2] in ENGINES else None
+
+
+def test_common_imports_nothing_else_of_the_package():
   for name, targets in _graph().items():
-    if name.startswith("linear_attention.kernels"):
-      bad = sorted(t for t in targets if not t.startswith(allowed))
-      assert not bad, f"{name} imports {bad}; kernels may import only kernels and common"
-  assert not _graph()["linear_attention.common"], "common imports no package module"
+    if _under(name, "linear_attention.common"):
+      bad = sorted(t for t in targets if not _under(t, "linear_attention.common"))
+      assert not bad, f"{name} imports {bad}; common imports nothing else of the package"
+
+
+def test_kernels_import_only_their_terms_chunks_dispatch_and_common():
+  """An engine's ``pallas`` sees its own ``terms``, ``engines.chunks``, ``engines.dispatch``
+  and ``common``: never its engine's XLA forms, ``ops`` or anything above."""
+  seen = 0
+  for name, targets in _graph().items():
+    engine = _engine_of(name)
+    if engine is None or not _under(name, f"{E}.{engine}.pallas"):
+      continue
+    seen += 1
+    allowed = (f"{E}.{engine}.pallas", f"{E}.{engine}.terms", f"{E}.chunks", f"{E}.dispatch",
+               "linear_attention.common") + tuple(
+                   f"{E}.{base}.pallas" for base in KERNEL_BASES.get(engine, ()))
+    bad = sorted(t for t in targets if not _under(t, *allowed))
+    assert not bad, f"{name} imports {bad}; a kernel may import only {list(allowed)}"
+  assert seen >= len(ENGINES)
+
+
+def test_engines_never_import_upwards():
+  """engines -> common only: no engine module reaches ops, nn or anything above."""
+  for name, targets in _graph().items():
+    if _under(name, E):
+      bad = sorted(t for t in targets if not _under(t, E, "linear_attention.common"))
+      assert not bad, f"{name} imports {bad}; engines import only engines and common"
+  # An engine's terms are shared algebra: they see chunks and common only.
+  for engine in ENGINES:
+    name = f"{E}.{engine}.terms"
+    if name in _graph():
+      bad = sorted(t for t in _graph()[name]
+                   if not _under(t, f"{E}.chunks", "linear_attention.common"))
+      assert not bad, f"{name} imports {bad}"
+
+
+def test_ops_never_import_a_kernel():
+  for name, targets in _graph().items():
+    if _under(name, "linear_attention.ops"):
+      bad = sorted(t for t in targets if ".pallas" in t)
+      assert not bad, f"{name} imports {bad}; ops reach kernels only through an engine"
+
+
+def test_nn_imports_ops_not_engines():
+  """nn -> ops (and engines.context for SeqContext): layers never call an engine directly."""
+  for name, targets in _graph().items():
+    if _under(name, "linear_attention.nn"):
+      bad = sorted(t for t in targets if _under(t, E) and t != f"{E}.context")
+      assert not bad, f"{name} imports {bad}; nn imports ops (and {E}.context)"

@@ -1,7 +1,7 @@
 """The delta rule's chunk form: the written-out VJP of the UT-transform inverse against
 automatic differentiation of the same inverse, in one process.
 
-``common.unit_lower_inverse`` carries a ``custom_vjp`` (``dL = -X^T dX X^T``); its
+``chunks.unit_lower_inverse`` carries a ``custom_vjp`` (``dL = -X^T dX X^T``); its
 undecorated function (``.fun``) is what automatic differentiation would replay (six levels
 of reshapes, diagonals and concatenations). Both are timed on DeltaNet's forward+backward,
 interleaved, with JAX's caches cleared at every swap: the jitted ``delta._forward`` keeps its
@@ -32,7 +32,7 @@ from experiments import outputs  # noqa: E402
 from bench.measure import time_calls  # noqa: E402
 from linear_attention import ops  # noqa: E402
 from linear_attention.io import write_json  # noqa: E402
-from linear_attention import common  # noqa: E402
+from linear_attention.engines import chunks  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -44,7 +44,7 @@ def main(argv=None) -> None:
   a = p.parse_args(argv)
   lengths = (64, 256) if a.smoke else (64, 256, 4096)
   pairs, repeats = (1, 2) if a.smoke else (a.pairs, a.repeats)
-  written = common.unit_lower_inverse
+  written = chunks.unit_lower_inverse
   variants = {"autodiff": written.fun, "written": written}
   rows = []
   try:
@@ -60,7 +60,7 @@ def main(argv=None) -> None:
       hlo = {}
       for _ in range(pairs):
         for name, fn in variants.items():
-          common.unit_lower_inverse = fn
+          chunks.unit_lower_inverse = fn
           jax.clear_caches()
           hlo[name] = len(grad.lower(q, k, v, beta).compile().as_text().splitlines())
           times[name].append(time_calls(grad, q, k, v, beta, repeats=repeats)[0] * 1e3)
@@ -68,7 +68,7 @@ def main(argv=None) -> None:
       rows.append(dict(T=t, B=b, autodiff_ms=times["autodiff"], written_ms=times["written"],
                        speedup=ratio, hlo_lines=hlo))
   finally:
-    common.unit_lower_inverse = written
+    chunks.unit_lower_inverse = written
     jax.clear_caches()
   print(f"{'T':>6} {'B':>4} {'autodiff ms':>24} {'written ms':>24} {'speed-up':>9} {'HLO lines':>12}")
   for r in rows:

@@ -1,19 +1,19 @@
 """The per-channel in-chunk scores, two ways, in the ops that use them (CPU).
 
 Issue 27 item 5. Each op's chunk form is compiled once per score implementation (patched
-into ``common`` while it is traced, :func:`_compile`) and timed in one process with the calls
+into ``engines.chunks`` while it is traced, :func:`_compile`) and timed in one process with the calls
 interleaved (every round times every entry once, after a warm-up round; best kept), so ratios
 compare calls made under the same machine load; the float32 2048^2 matmul rate is measured
 before and after in the same run. B=1, H=4, K=V=64, float32, each op's default chunk length.
 
 * ``kda_<config>``: KDA as the op runs it (``a = None``: the engine knows ``a = -k`` and
-  computes two of the four score matrices, :func:`~linear_attention.common.dplr_chunk_terms`);
+  computes two of the four score matrices, :func:`~linear_attention.engines.dplr.terms.dplr_chunk_terms`);
   ``kda_general_a``: the general engine given ``a = -k`` explicitly (``ops.dplr_attention``;
   the four matrices, what KDA ran before), with the default scores.
 * ``gla_<config>``, ``rwkv7_<config>``, ``deltaproduct_<config>`` (2 steps a token): the op's
   chunk form with each implementation.
-* configs (:data:`CONFIGS`): :func:`~linear_attention.common.intra_scores` and
-  :func:`~linear_attention.common.intra_scores_by_diagonals` at its default sub-chunk length
+* configs (:data:`CONFIGS`): :func:`~linear_attention.engines.chunks.intra_scores` and
+  :func:`~linear_attention.engines.chunks.intra_scores_by_diagonals` at its default sub-chunk length
   or at a fixed one (``by_diagonals_s4``, ``_s8``).
 
 Wall and process CPU time (``time.process_time``) of forward and forward+backward (the
@@ -46,9 +46,10 @@ import jax.numpy as jnp  # noqa: E402
 from experiments import outputs  # noqa: E402
 from bench.measure import grad_fn, matmul_gflops, time_calls  # noqa: E402
 
-from linear_attention import common, ops  # noqa: E402
+from linear_attention import ops  # noqa: E402
 from linear_attention.io import write_json  # noqa: E402
 from linear_attention.ops import dplr  # noqa: E402
+from linear_attention.engines import chunks  # noqa: E402
 
 B, H, D = 1, 4, 64
 
@@ -118,27 +119,27 @@ def gla_entries(t: int, chunk: int, configs) -> dict:
 
 def _compile(fn, args, config=None):
   """Forward and fwd+bwd compiled ahead of time with the score implementation ``config``
-  (a key of :data:`CONFIGS`) patched into ``common`` while they are traced: GLA and
-  log-linear call ``common.intra_scores_vector``, the DPLR engine
-  ``common.intra_scores_by_diagonals``, both looked up at trace time."""
-  saved = (common.intra_scores_vector, common.intra_scores_by_diagonals,
-           common._diagonal_subchunk)
+  (a key of :data:`CONFIGS`) patched into ``engines.chunks`` while they are traced: GLA and
+  log-linear call ``chunks.intra_scores_vector``, the DPLR engine
+  ``chunks.intra_scores_by_diagonals``, both looked up at trace time."""
+  saved = (chunks.intra_scores_vector, chunks.intra_scores_by_diagonals,
+           chunks._diagonal_subchunk)
   if config is not None:
     name, sub = CONFIGS[config]
-    fn_scores = saved[1] if name == "intra_scores_by_diagonals" else getattr(common, name)
-    common.intra_scores_by_diagonals = fn_scores
-    common.intra_scores_vector = (
+    fn_scores = saved[1] if name == "intra_scores_by_diagonals" else getattr(chunks, name)
+    chunks.intra_scores_by_diagonals = fn_scores
+    chunks.intra_scores_vector = (
         lambda q, k, gc: fn_scores(q[..., None, :, :], k[..., None, :, :], gc)[..., 0, 0, :, :])
     if sub is not None:
-      common._diagonal_subchunk = lambda c: common._subchunk_size(c, sub)
+      chunks._diagonal_subchunk = lambda c: chunks._subchunk_size(c, sub)
   jax.clear_caches()  # the ops' inner jits would reuse a trace made with other scores
   try:
     argnums = tuple(range(len(args)))
     return (jax.jit(fn).lower(*args).compile(),
             jax.jit(grad_fn(fn, argnums)).lower(*args).compile())
   finally:
-    (common.intra_scores_vector, common.intra_scores_by_diagonals,
-     common._diagonal_subchunk) = saved
+    (chunks.intra_scores_vector, chunks.intra_scores_by_diagonals,
+     chunks._diagonal_subchunk) = saved
     jax.clear_caches()
 
 

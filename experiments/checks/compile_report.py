@@ -1,7 +1,7 @@
 """Compile report: every Pallas kernel compiled for GPU and TPU targets without a device.
 
 For each target (H200, A100, TPU v5e, v6e by default) and each case of
-``linear_attention.kernels.aot`` (chunk decay, flash attention, linear scan;
+``tests.kernels.aot`` (chunk decay, flash attention, linear scan;
 forward and backward; bf16 and f32; every mode; the gpu_check shapes and a
 small odd one) prints one table: kernel, case, compiles or the error, and on
 GPU the shared memory, registers and spilled bytes of each Pallas kernel of
@@ -29,7 +29,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the package and experiments/
 
-from linear_attention.kernels import aot  # noqa: E402
+from tests.kernels import aot  # noqa: E402
 from experiments import outputs  # noqa: E402
 from linear_attention.io import write_json  # noqa: E402
 

@@ -34,13 +34,13 @@ recorded and the others still run):
 
 At the end it says which ``implementation=None`` default the run has verified
 on this device: when every section's checks pass on a GPU, the line to put in
-``linear_attention/kernels/dispatch.py`` (``PALLAS_DEFAULT_BACKENDS``); until
+``linear_attention/engines/dispatch.py`` (``PALLAS_DEFAULT_BACKENDS``); until
 someone does, ``None`` stays XLA.
 
 Achieved TFLOP/s count the chunk algorithm's matmul FLOPs (see
 :func:`chunk_flops`), the same count for every implementation, so the TFLOP/s
 ratio equals the speed ratio. Only ``linear_attention.ops`` and
-``linear_attention.kernels`` are imported (no ml-collections, no flax).
+``linear_attention.engines`` are imported (no ml-collections, no flax).
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ import numpy as np  # noqa: E402
 from linear_attention import ops  # noqa: E402
 from experiments import outputs  # noqa: E402
 from linear_attention.io import write_json  # noqa: E402
-from linear_attention.kernels import chunk_decay as cd  # noqa: E402
-from linear_attention.kernels import chunk_delta as cdl  # noqa: E402
-from linear_attention.kernels import dispatch  # noqa: E402
-from linear_attention.kernels import scan as scan_kernel  # noqa: E402
+from linear_attention.engines.decay import pallas as cd  # noqa: E402
+from linear_attention.engines.delta import pallas as cdl  # noqa: E402
+from linear_attention.engines import dispatch  # noqa: E402
+from linear_attention.engines.scan import pallas as scan_kernel  # noqa: E402
 
 import gpu_check_flash  # noqa: E402  (beside this file)
 
@@ -396,7 +396,7 @@ def verified_default(result: dict, smoke: bool) -> str:
             "keep PALLAS_DEFAULT_BACKENDS = () (XLA on GPU).")
   return (f"implementation=None default: verified on {device} (chunk decay, chunk delta, chunk "
           "DPLR, linear scan and flash attention agree with XLA): set PALLAS_DEFAULT_BACKENDS = (\"gpu\",) in "
-          "linear_attention/kernels/dispatch.py to make the kernels the GPU default.")
+          "linear_attention/engines/dispatch.py to make the kernels the GPU default.")
 
 
 # --------------------------------------------------------------------------- main

@@ -32,8 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)  # the package and experiments/
 
 from experiments import outputs  # noqa: E402
-from linear_attention.kernels import dispatch  # pylint: disable=g-import-not-at-top
-from linear_attention.kernels import flash_attention as fa  # pylint: disable=g-import-not-at-top
+from linear_attention.engines import dispatch  # pylint: disable=g-import-not-at-top
+from linear_attention.engines.softmax import pallas as fa  # pylint: disable=g-import-not-at-top
 from linear_attention.io import write_json  # pylint: disable=g-import-not-at-top
 from linear_attention.ops import softmax_attention  # pylint: disable=g-import-not-at-top
 

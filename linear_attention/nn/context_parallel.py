@@ -10,10 +10,10 @@ sharded. The ops that mix tokens along the sequence take the mesh as one argumen
 ``context=``, and every layer passes them :func:`context`: a
 :class:`~linear_attention.ops.context.SeqContext` over ``"seq"`` with the other axes as
 its batch axes, or None without such a mesh (the layers are then unchanged). How each op
-splits its work is written next to it (the engines in ``ops/decay.py``, ``ops/delta.py``,
-``ops/dplr.py``, ``ops/scan.py``, ``ops/loglinear.py``; the halo convolution in
-``ops/conv.py``, all-gather attention in ``ops/softmax.py``, the sliding window's halo in
-``ops/sparse.py``).
+splits its work is written next to it (the engines in ``engines/*/engine.py`` and
+``engines/context.py``, log-linear attention in ``ops/loglinear.py``; the halo convolution in
+``ops/conv.py``, all-gather attention in ``engines/softmax/engine.py``, the sliding window's
+halo in ``ops/sparse.py``).
 
 A mixer class declares ``context_parallel = True`` when every op it calls takes the
 context (:class:`~linear_attention.nn.mixer.Mixer`; not inherited). The others refuse a
@@ -39,7 +39,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import AbstractMesh
 
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines.context import SeqContext
 
 SEQ = "seq"
 

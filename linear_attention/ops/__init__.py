@@ -27,7 +27,7 @@ tells it apart from a token's input, else a ValueError naming the input
 that shifted, or a TypeError where the state was passed by keyword.
 """
 
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines.context import SeqContext
 from linear_attention.ops.decay import decay_linear_attention, decay_linear_attention_step
 from linear_attention.ops.feature_maps import FEATURE_MAPS, random_projection
 from linear_attention.ops.linear import (linear_attention, linear_attention_step,
@@ -91,18 +91,6 @@ from linear_attention.ops.loglinear import (
     loglinear_ssd_step,
 )
 from linear_attention.ops.scan import SCAN_FORMS, linear_scan
-from linear_attention.ops.sequence_parallel import (
-    sequence_parallel_causal_conv1d,
-    sequence_parallel_decay_attention,
-    sequence_parallel_decay_attention_local,
-    sequence_parallel_gla,
-    sequence_parallel_hgrn2,
-    sequence_parallel_linear_attention,
-    sequence_parallel_rebased_attention,
-    sequence_parallel_retention,
-    sequence_parallel_softmax_attention,
-    sequence_parallel_ssd,
-)
 from linear_attention.ops.ssm import (
     s4d,
     s4d_discretize,

@@ -18,7 +18,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from linear_attention import common
-from linear_attention.ops.context import SeqContext, axis_index, check_context
+from linear_attention.engines.context import SeqContext, axis_index, check_context
 
 Array = jax.Array
 

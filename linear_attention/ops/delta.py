@@ -1,325 +1,25 @@
-"""The delta-rule engine: DeltaNet and Gated DeltaNet.
+"""The delta-rule engine's variants: DeltaNet and Gated DeltaNet.
 
-One recurrence over a matrix state ``S`` of shape ``[K, V]`` per batch row and
-head, with a write strength ``beta_t`` and an optional scalar gate
-``a_t = exp(log_decay_t)`` per head and step::
-
-    S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
-    o_t = scale * S_t^T q_t
-
-Read as a rule: decay the state, predict ``v_t`` from ``k_t``
-(``p_t = a_t S_{t-1}^T k_t``) and write back ``beta_t`` times the error,
-``S_t = a_t S_{t-1} + beta_t k_t (v_t - p_t)^T``. Without the gate this is
-DeltaNet (Schlag et al. 2021; Yang et al. 2024), with it Gated DeltaNet
-(Yang et al. 2024).
-
-Stability: with L2-normalised keys and ``0 <= beta_t <= 2`` the transition
-``I - beta_t k_t k_t^T`` has eigenvalues ``1`` and ``1 - beta_t`` in
-``[-1, 1]``, so the state stays bounded over any length. Keys are NOT
-normalised here: the callers (or ``normalize_qk=True`` of the variants) do it.
-
-Forms (all agree; the tests prove it):
-
-* ``recurrent``: ``lax.scan`` over tokens through the step, the reference.
-* ``parallel``: the explicit ``T x T`` attention matrix
-  ``P = A (I + L)^{-1} diag(beta)`` (see below), with the inverse by forward
-  substitution; quadratic, for short inputs (a separate code path to check
-  the chunk form against).
-* ``chunk``: the WY / UT-transform chunkwise algorithm, linear in T.
-* ``auto`` (default): a form for the values and one for the gradient, by backend
-  (:data:`DEFAULT_FORMS`): on CPU the recurrent form's values and the chunk form's
-  gradient, the chunk form elsewhere.
-
-The chunk algebra. Inside a chunk with entering state ``S_0``, let ``G_i`` be
-the in-chunk cumulative log decay up to token ``i`` (inclusive) and write the
-update as ``S_i = a_i S_{i-1} + k_i d_i^T`` with the pseudo-value
-``d_i = beta_i (v_i - a_i S_{i-1}^T k_i)``. Unrolling ``S_{i-1}`` gives the
-lower-triangular system ``(I + L) D = diag(beta) V - diag(beta e^G) K S_0``
-with ``L_ij = beta_i e^{G_i - G_j} k_i . k_j`` for ``j < i``. Inverting
-``I + L`` once per chunk (the UT transform) gives ``U = (I + L)^{-1} diag(beta) V`` and
-``W = (I + L)^{-1} diag(beta e^G) K``, so ``D = U - W S_0``; then
-
-    O   = (Q e^G) S_0 + (Q K^T * e^{G_i - G_j} * [j <= i]) D
-    S_C = e^{G_C} S_0 + (K e^{G_C - G})^T D.
-
-The inverse ``(I + L)^{-1}`` is built by recursive block inversion (matmuls
-only). Everything except ``D = U - W S_0`` and the state update is computed for
-all chunks at once (matmuls); the scan over chunks does two ``[C, K] x [K, V]``
-matmuls per chunk. Every decay factor is ``exp`` of a difference of cumulative
-log decays taken with the later position first (masked to ``-inf`` before the
-``exp`` elsewhere), so it is ``<= 1``: log decays down to -20 per step
-underflow to exact zeros and never overflow.
-
-Segments (``segment_ids``) are exact resets: a segment start behaves like
-``a_t = 0``. In the chunk and parallel forms this is a mask: pairs in
-different segments are dropped from ``L`` and the in-chunk scores, only the
-tokens that continue the previous chunk's last segment see ``S_0``, and only
-the tokens of the chunk's last segment reach ``S_C``.
+Both are :func:`~linear_attention.engines.delta.engine.delta_rule` (re-exported here),
+DeltaNet without a gate, Gated DeltaNet with a scalar gate per head and step; with
+``normalize_qk=True`` they L2-normalise ``q`` and ``k`` first.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from linear_attention.kernels import chunk_delta as kernel
-from linear_attention.kernels import dispatch
 from linear_attention import common
-from linear_attention.ops import context as context_lib
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines.context import SeqContext
+from linear_attention.engines.delta.engine import (  # noqa: F401  (the public engine)
+    DEFAULT_FORMS, delta_rule, delta_rule_step)
 
 Array = jax.Array
 
-# ``form="auto"``: ``(values form, gradient form)`` per backend, else the chunk form both ways.
-# Measured on CPU (experiments/bench_delta_forms.py, Gated DeltaNet, B=1, H=4, K=V=64,
-# float32, 64-token chunks, XLA's default threads, idle 2-core machine, wall ms;
-# results/bench_delta_forms_cpu.json): forward, the scan 20.4 against the chunk form's 47.1
-# at 4k (112.2 against 207.4 at 16k); forward+backward, the chunk form 122.1 against 312.1
-# (484.6 against 1292.0). :func:`~linear_attention.common.with_gradient_of` runs the pair.
-DEFAULT_FORMS: dict[str, tuple[str, str]] = {"cpu": ("recurrent", "chunk")}
 
-
-def _check_inputs(q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids):
-  b, t, h, dk, dv = common.check_qkv(q, k, v)
-  common.check_beta(beta, (b, t, h), "[B, T, H]")
-  common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
-  common.check_sequence_args(form, chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv),
-                             auto=True)
-  return b, t, h, dk, dv
-
-
-def delta_rule(
-    q: Array,
-    k: Array,
-    v: Array,
-    beta: Array,
-    log_decay: Array | None = None,
-    *,
-    scale: float | None = None,
-    form: str = "auto",
-    chunk_size: int = 64,
-    initial_state: Array | None = None,
-    return_state: bool = False,
-    segment_ids: Array | None = None,
-    implementation: str | None = None,
-    context: SeqContext | None = None,
-):
-  """The (gated) delta rule over a sequence.
-
-  ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`` with
-  ``a_t = exp(log_decay_t)`` (1 without a gate), ``o_t = scale * S_t^T q_t``.
-
-  Args:
-    q: ``[B, T, H, K]`` queries.
-    k: ``[B, T, H, K]`` keys, expected L2-normalised over ``K`` by the caller.
-    v: ``[B, T, H, V]`` values.
-    beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked only when the
-      value is concrete, i.e. not under ``jit``/``grad``/``vmap``).
-    log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0``, ``-inf``
-      included (Gated DeltaNet; same concreteness rule for the sign check: a
-      traced gate is not checked, see
-      :func:`~linear_attention.common.check_log_decay`).
-    scale: output scale; ``None`` means ``K ** -0.5``.
-    form: ``"auto"`` (default: on CPU the recurrent form's values with the chunk form's
-      gradient, see :data:`DEFAULT_FORMS`; the chunk form elsewhere; no forward-mode
-      derivative where the two differ), ``"chunk"`` (linear in T), ``"recurrent"`` or
-      ``"parallel"``.
-    chunk_size: chunk length of the chunk form (any ``T`` works: padded inside
-      with ``beta = 0, k = 0``, which leaves the state unchanged).
-    initial_state: optional ``[B, H, K, V]`` state before the first token.
-    return_state: also return the final state.
-    segment_ids: optional ``[B, T]`` ints packing several sequences per row; no
-      state crosses a change of id. ``initial_state`` applies to the first
-      segment of each row, later segments start from zero; the returned state
-      is that at the end of the row.
-    implementation: ``None`` (the Pallas chunk kernel on a backend listed in
-      ``kernels.dispatch.PALLAS_DEFAULT_BACKENDS`` -- none yet -- when it
-      supports the arguments, XLA otherwise and always on CPU), ``"xla"``, or
-      ``"pallas"`` (:mod:`linear_attention.kernels.chunk_delta`: XLA prepares
-      every chunk's UT transform, the kernels run the sequential state pass and
-      its reverse; on CPU in interpret mode, exact but slow). The kernel is the
-      chunk form, with packed segments; another form, a dtype other than
-      float32/bfloat16/float16 or a ``chunk_size`` the platform cannot tile (a
-      power of two >= 16 on GPU, a multiple of 16 on TPU) makes ``"pallas"``
-      raise a ``ValueError``.
-    context: None, or a :class:`~linear_attention.ops.context.SeqContext` to run
-      with the sequence split over a mesh axis: each device runs ``form`` once on
-      its slice with ``K`` extra value columns that carry its transition, and the
-      transitions are folded across devices
-      (:func:`~linear_attention.ops.context.affine_call`); the same result up to
-      rounding.
-
-  Returns:
-    ``o`` of shape ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``
-    with ``state`` ``[B, H, K, V]`` in float32 (float64 for float64 inputs).
-
-  Gates, ``beta`` and ``initial_state`` may be in any floating dtype; all work
-  is done in ``promote_types(q.dtype, float32)``.
-  """
-  context_lib.check_context(context)
-  b, t, _, dk, _ = _check_inputs(
-      q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids)
-  if context is not None:
-    context.check(b, t)
-    out = context_lib.affine_call(
-        delta_rule, context, dict(q=q, k=k, v=v, beta=beta, log_decay=log_decay),
-        initial_state=initial_state, segment_ids=segment_ids, return_state=return_state,
-        static=(("scale", common.resolve_scale(scale, dk)), ("form", form),
-                ("chunk_size", chunk_size), ("implementation", implementation)))
-    return (out[0].astype(q.dtype), out[1]) if return_state else out.astype(q.dtype)
-  unsupported = kernel.unsupported_arguments(q, beta, log_decay, segment_ids, chunk_size)
-  if form not in ("auto", "chunk"):
-    unsupported["form"] = f"{form!r} (the kernel is the chunk form)"
-  if dispatch.resolve_implementation(implementation, unsupported):
-    return kernel.chunk_delta_attention(
-        q, k, v, beta, log_decay, scale=scale, chunk_size=chunk_size,
-        initial_state=initial_state, return_state=return_state, segment_ids=segment_ids)
-  scale = common.resolve_scale(scale, dk)
-  form, gradient_form = common.resolve_auto_form(form, DEFAULT_FORMS)
-  # Only the chunk form depends on chunk_size: keep it out of the others' cache key.
-  chunk_size = min(chunk_size, t) if "chunk" in (form, gradient_form) else 1
-  o, state = _forward(q, k, v, beta, log_decay, initial_state, segment_ids, scale,
-                      form=form, gradient_form=gradient_form, chunk_size=chunk_size)
-  return (o, state) if return_state else o
-
-
-@functools.partial(jax.jit, static_argnames=("form", "gradient_form", "chunk_size"))
-def _forward(*args, form, gradient_form, chunk_size):
-  """:func:`_forms` in ``form``, differentiated through ``gradient_form``. Jitted so that
-  eager calls compile once per shape instead of dispatching every small op on its own."""
-  return common.in_forms(_forms, form, gradient_form, chunk_size=chunk_size)(*args)
-
-
-def _forms(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, form, chunk_size):
-  """Checked inputs in, ``(o, state)`` out."""
-  acc = common.acc_dtype(q.dtype)
-  # Work in [B, H, T, *]: heads become a batch axis of every matmul.
-  qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
-  qh = qh * jnp.asarray(scale, acc)
-  bh = jnp.swapaxes(beta, 1, 2).astype(acc)
-  g = None if log_decay is None else jnp.swapaxes(log_decay, 1, 2).astype(acc)
-  g = common.floor_log_decay(g)  # -inf (a hard reset) would give inf - inf in the cumsums
-  seg = None if segment_ids is None else common.segment_index(segment_ids)
-  s0 = None if initial_state is None else initial_state.astype(acc)
-
-  if form == "recurrent":
-    o, state = _recurrent(qh, kh, vh, bh, g, s0, seg)
-  elif form == "parallel":
-    o, state = _parallel(qh, kh, vh, bh, g, s0, seg)
-  else:
-    o, state = _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size)
-  return jnp.swapaxes(o, 1, 2).astype(q.dtype), state
-
-
-def delta_rule_step(
-    state: Array,
-    q: Array,
-    k: Array,
-    v: Array,
-    beta: Array,
-    log_decay: Array | None = None,
-    *,
-    scale: float | None = None,
-):
-  """One token of the (gated) delta rule: decay, correct towards ``v``, read.
-
-  Args:
-    state: ``[B, H, K, V]`` (float32, or float64).
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; beta: ``[B, H]`` in ``[0, 2]``.
-    log_decay: None or ``[B, H]``, values ``<= 0`` (checked when concrete only).
-    scale: output scale; ``None`` means ``K ** -0.5``.
-
-  Returns:
-    ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``, the new
-    state ``[B, H, K, V]`` in the state's dtype.
-  """
-  common.check_step_state_first(state, "[B, H, K, V]", 4)
-  b, h, dk, dv = common.check_step_qkv(q, k, v)
-  common.check_beta(beta, (b, h), "[B, H]")
-  common.check_log_decay(log_decay, b, h, dk, per_channel=False)
-  common.check_step_state("state", state, (b, h, dk, dv), "[B, H, K, V]")
-  return _step_forward(q, k, v, beta, log_decay, state, common.resolve_scale(scale, dk))
-
-
-@jax.jit
-def _step_forward(q, k, v, beta, log_decay, state, scale):
-  acc = state.dtype
-  o, new_state = _step(
-      q.astype(acc) * jnp.asarray(scale, acc), k.astype(acc), v.astype(acc), beta.astype(acc),
-      None if log_decay is None else log_decay.astype(acc), state)
-  return o.astype(q.dtype), new_state
-
-
-def _step(q, k, v, beta, g, state):
-  """Unchecked step on ``[B, H, *]`` arrays; ``q`` already scaled."""
-  if g is not None:
-    state = jnp.exp(g)[..., None, None] * state
-  error = v - jnp.einsum("bhk,bhkv->bhv", k, state)
-  state = state + (beta[..., None] * k)[..., :, None] * error[..., None, :]
-  return jnp.einsum("bhk,bhkv->bhv", q, state), state
-
-
-def _recurrent(qh, kh, vh, bh, g, s0, seg):
-  """Token-by-token ``lax.scan``; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``."""
-  t = qh.shape[2]
-  state = common.zero_state(qh, vh) if s0 is None else s0
-  starts = (jnp.zeros(qh.shape[:1] + (t,), bool) if seg is None
-            else common.segment_starts(seg))
-  move = lambda x: jnp.moveaxis(x, 2, 0)
-  xs = (move(qh), move(kh), move(vh), move(bh), None if g is None else move(g), starts.T)
-
-  def body(s, x):
-    q_t, k_t, v_t, b_t, g_t, start = x
-    # A segment start is a gate of exactly zero.
-    s = jnp.where(start[:, None, None, None], 0.0, s)
-    o_t, s = _step(q_t, k_t, v_t, b_t, g_t, s)
-    return s, o_t
-
-  state, o = common.remat_scan(body, state, xs)
-  return jnp.moveaxis(o, 0, 2), state
-
-
-def _parallel(qh, kh, vh, bh, g, s0, seg):
-  """The ``T x T`` form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``.
-
-  The chunk form's algebra (:func:`~linear_attention.common.delta_chunk_terms`) with one
-  chunk of length ``T``: pseudo-values ``D = (I + L)^{-1} (diag(beta) V - diag(beta e^G) K
-  S_0)``, outputs ``O = A D + (Q e^G) S_0``, one causal ``T x T`` attention matrix.
-  """
-  return _chunk(qh, kh, vh, bh, g, s0, seg, qh.shape[2])
-
-
-def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
-  """WY / UT-transform chunkwise form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``."""
-  b, h, t, _ = qh.shape
-  dv = vh.shape[-1]
-  # Everything that does not depend on the entering state, for all chunks at once.
-  qg, a, u, w, k_end, chunk_decay = common.delta_chunk_terms(qh, kh, vh, bh, g, seg, chunk_size)
-  n, c = qg.shape[2:4]
-
-  def body(state, x):
-    u_n, w_n, k_n, a_n = x
-    d = u_n - jnp.einsum("bhck,bhkv->bhcv", w_n, state)
-    new = a_n[..., None, None] * state + jnp.einsum("bhck,bhcv->bhkv", k_n, d)
-    return new, (state, d)
-
-  init = common.zero_state(qh, vh) if s0 is None else s0
-  move = lambda x: jnp.moveaxis(x, 2, 0)
-  state, (entering, d) = lax.scan(
-      body, init, (move(u), move(w), move(k_end), move(chunk_decay)))
-  entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]: the state before each chunk
-  d = jnp.moveaxis(d, 0, 2)  # [B, H, N, C, V]
-  o = (jnp.einsum("bhnik,bhnkv->bhniv", qg, entering)
-       + jnp.einsum("bhnij,bhnjv->bhniv", a, d))
-  o = o.reshape(b, h, n * c, dv)[:, :, :t]
-  return o, state
-
-
-def _l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
   """``x / ||x||`` over the last axis, in the accumulation dtype, cast back."""
   xf = x.astype(common.acc_dtype(x.dtype))
   return (xf * lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
@@ -333,7 +33,7 @@ def deltanet(
     *,
     scale: float | None = None,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -354,9 +54,17 @@ def deltanet(
   does it here for q and k. ``implementation`` and ``context`` as in :func:`delta_rule`.
 
   Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 1, 10, 2, 4))
+    >>> beta = jnp.full((1, 10, 2), 0.5)
+    >>> ops.deltanet(q, k, v, beta, normalize_qk=True).shape
+    (1, 10, 2, 4)
   """
   if normalize_qk:
-    q, k = _l2_normalize(q), _l2_normalize(k)
+    q, k = l2_normalize(q), l2_normalize(k)
   return delta_rule(q, k, v, beta, None, scale=scale, form=form, chunk_size=chunk_size,
                     initial_state=initial_state, return_state=return_state,
                     segment_ids=segment_ids, implementation=implementation, context=context)
@@ -377,10 +85,18 @@ def deltanet_step(
   Schlag et al. 2021; Yang et al. 2024 (see :func:`deltanet`). state
   ``[B, H, K, V]``, q, k ``[B, H, K]``, v ``[B, H, V]``, beta ``[B, H]``.
   Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q = k = v = jnp.full((1, 2, 4), 0.5)
+    >>> o, state = ops.deltanet_step(jnp.zeros((1, 2, 4, 4)), q, k, v, jnp.full((1, 2), 0.5))
+    >>> o.shape, state.shape
+    ((1, 2, 4), (1, 2, 4, 4))
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   if normalize_qk:
-    q, k = _l2_normalize(q), _l2_normalize(k)
+    q, k = l2_normalize(q), l2_normalize(k)
   return delta_rule_step(state, q, k, v, beta, scale=scale)
 
 
@@ -393,7 +109,7 @@ def gated_deltanet(
     *,
     scale: float | None = None,
     form: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -414,11 +130,19 @@ def gated_deltanet(
   as in :func:`delta_rule`.
 
   Returns: ``o`` ``[B, T, H, V]``, or ``(o, state)`` with state ``[B, H, K, V]``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 1, 10, 2, 4))
+    >>> beta, log_decay = jnp.full((1, 10, 2), 0.5), jnp.full((1, 10, 2), -0.1)
+    >>> ops.gated_deltanet(q, k, v, beta, log_decay, normalize_qk=True).shape
+    (1, 10, 2, 4)
   """
   if log_decay is None:
     raise ValueError("log_decay must be a [B, T, H] array for gated_deltanet, got None.")
   if normalize_qk:
-    q, k = _l2_normalize(q), _l2_normalize(k)
+    q, k = l2_normalize(q), l2_normalize(k)
   return delta_rule(q, k, v, beta, log_decay, scale=scale, form=form, chunk_size=chunk_size,
                     initial_state=initial_state, return_state=return_state,
                     segment_ids=segment_ids, implementation=implementation, context=context)
@@ -440,10 +164,19 @@ def gated_deltanet_step(
   Yang et al. 2024, "Gated Delta Networks" (see :func:`gated_deltanet`). state
   ``[B, H, K, V]``, q, k ``[B, H, K]``, v ``[B, H, V]``, beta and log_decay
   ``[B, H]``. Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q = k = v = jnp.full((1, 2, 4), 0.5)
+    >>> beta, log_decay = jnp.full((1, 2), 0.5), jnp.full((1, 2), -0.1)
+    >>> o, state = ops.gated_deltanet_step(jnp.zeros((1, 2, 4, 4)), q, k, v, beta, log_decay)
+    >>> o.shape
+    (1, 2, 4)
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   if log_decay is None:
     raise ValueError("log_decay must be a [B, H] array for gated_deltanet_step, got None.")
   if normalize_qk:
-    q, k = _l2_normalize(q), _l2_normalize(k)
+    q, k = l2_normalize(q), l2_normalize(k)
   return delta_rule_step(state, q, k, v, beta, log_decay, scale=scale)

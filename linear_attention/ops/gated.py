@@ -24,7 +24,7 @@ import numpy as np
 
 from linear_attention import common
 from linear_attention.ops import decay
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines.context import SeqContext
 
 Array = jax.Array
 
@@ -38,7 +38,7 @@ def _check_param(name: str, x: Array, expected, what: str) -> None:
 
 
 def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = None,
-        form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
+        form: str = "auto", chunk_size: int | None = None, initial_state: Array | None = None,
         return_state: bool = False, segment_ids: Array | None = None,
         implementation: str | None = None, context: SeqContext | None = None):
   """Gated linear attention (Yang et al. 2023, arXiv:2312.06635).
@@ -62,6 +62,14 @@ def gla(q: Array, k: Array, v: Array, log_g: Array, *, scale: float | None = Non
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)`` with the
     float32 state ``[B, H, K, V]``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 1, 10, 2, 4))
+    >>> log_g = jax.nn.log_sigmoid(jnp.full((1, 10, 2, 4), 2.0))  # per key channel
+    >>> ops.gla(q, k, v, log_g).shape
+    (1, 10, 2, 4)
   """
   b, t, h, dk, _ = common.check_qkv(q, k, v)
   common.check_log_decay(log_g, b, t, h, dk, name="log_g", per_head=False)
@@ -115,7 +123,7 @@ def _retention_log_gamma(gamma: Array | None, heads: int) -> Array:
 
 
 def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
-              scale: float | None = None, form: str = "chunk", chunk_size: int = 64,
+              scale: float | None = None, form: str = "auto", chunk_size: int | None = None,
               initial_state: Array | None = None, return_state: bool = False,
               segment_ids: Array | None = None,
               implementation: str | None = None, context: SeqContext | None = None):
@@ -137,6 +145,13 @@ def retention(q: Array, k: Array, v: Array, *, gamma: Array | None = None,
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+
+  Examples:
+    >>> import jax
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, 1, 10, 2, 4))
+    >>> ops.retention(q, k, v).shape  # RetNet's fixed decay per head
+    (1, 10, 2, 4)
   """
   b, t, h, _, _ = common.check_qkv(q, k, v)
   log_decay = jnp.broadcast_to(_retention_log_gamma(gamma, h), (b, t, h))
@@ -173,7 +188,7 @@ def _hgrn2_key(log_f: Array, dtype) -> Array:
 
 
 def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
-          form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
+          form: str = "auto", chunk_size: int | None = None, initial_state: Array | None = None,
           return_state: bool = False, segment_ids: Array | None = None,
           implementation: str | None = None, context: SeqContext | None = None):
   """HGRN2 (Qin et al. 2024, arXiv:2404.07904): the forget gate doubles as the key.
@@ -229,7 +244,7 @@ def hgrn2_step(state: Array, q: Array, log_f: Array, v: Array, *, scale: float |
 
 
 def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float | None = 1.0,
-          form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
+          form: str = "auto", chunk_size: int | None = None, initial_state: Array | None = None,
           return_state: bool = False, segment_ids: Array | None = None,
           implementation: str | None = None, context: SeqContext | None = None):
   """RWKV-6 "Finch" time mixing (Peng et al. 2024, arXiv:2404.05892).
@@ -371,7 +386,7 @@ def _ssd_inputs(x, dt, A, B, C, D, dt_bias, dt_softplus):
 
 def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = None, *,
         dt_bias: Array | None = None, dt_softplus: bool = False, scale: float | None = 1.0,
-        form: str = "chunk", chunk_size: int = 64, initial_state: Array | None = None,
+        form: str = "auto", chunk_size: int | None = None, initial_state: Array | None = None,
         return_state: bool = False, segment_ids: Array | None = None,
         implementation: str | None = None, context: SeqContext | None = None):
   """Mamba-2's state-space duality layer core, SSD (Dao & Gu 2024, arXiv:2405.21060).

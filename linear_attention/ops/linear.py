@@ -29,8 +29,8 @@ from jax import lax
 from linear_attention import common
 from linear_attention.ops import decay
 from linear_attention.ops import feature_maps as fm
-from linear_attention.ops import context as context_lib
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines import context as context_lib
+from linear_attention.engines.context import SeqContext
 
 Array = jax.Array
 
@@ -150,8 +150,8 @@ def linear_attention(
     projection: Array | None = None,
     scale: float | None = None,
     eps: float = DEFAULT_EPS,
-    form: str = "chunk",
-    chunk_size: int = 64,
+    form: str = "auto",
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,
@@ -335,8 +335,8 @@ def rebased_attention(
     causal: bool = True,
     norm_eps: float = 1e-5,
     eps: float = DEFAULT_EPS,
-    form: str = "chunk",
-    chunk_size: int = 64,
+    form: str = "auto",
+    chunk_size: int | None = None,
     initial_state: Array | None = None,
     return_state: bool = False,
     segment_ids: Array | None = None,

@@ -31,9 +31,8 @@ Forms (all agree; the tests prove it):
   chunk form, one engine pass per level (level ``l``'s keys kept in left
   halves, queries in right halves, the state reset at every ``2^l``-aligned
   block, all levels stacked on the batch axis; when levels are shared, the
-  top level is the plain engine output minus the levels below it): 15-60x
-  the plain chunk form at ``L = 17`` on a CPU, against 1.2-6x for the Fenwick
-  form (``experiments/bench/bench_loglinear.py``).
+  top level is the plain engine output minus the levels below it), slower
+  than the Fenwick form (``results/bench_loglinear_cpu.json``).
 * ``recurrent``: token by token through :func:`loglinear_decay_step`'s update,
   with ``O(L)`` states: after a token at position ``p`` with ``r`` trailing
   one bits, levels ``0..r`` merge into level ``r + 1``.
@@ -50,7 +49,7 @@ for the query at ``p_t``), and that is linear in the state. So each device
 2. gathers every slice's final levels and the slice's map of an entering state (levels
    moved by ``p0`` and the end position, decayed by the slice's total log decay, cut by
    a segment start inside) and folds them
-   (:func:`~linear_attention.ops.context.fold_affine`, ``P`` steps);
+   (:func:`~linear_attention.engines.context.fold_affine`, ``P`` steps);
 3. adds the entering state's read, one ``[T, K] x [L, K, V]`` product per head.
 
 Without segments or an initial state and with ``T / P`` a power of two, a slice is a
@@ -76,9 +75,11 @@ import numpy as np
 from jax import lax
 
 from linear_attention import common
-from linear_attention.ops import context as context_lib
-from linear_attention.ops import decay, gated
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines import context as context_lib
+from linear_attention.engines.decay import engine as decay
+from linear_attention.ops import gated
+from linear_attention.engines.context import SeqContext
+from linear_attention.engines import chunks
 
 Array = jax.Array
 
@@ -277,12 +278,11 @@ def _chunk_fenwick(q, k, v, g, lam, *, chunk):
   causal = i[:, None] >= i[None]
   pattern = np.minimum(_static_bit_length(i[:, None] ^ i[None]), levels - 1)
   if vector:
-    scores = common.intra_scores_vector(qc, kc, gc)
+    scores = chunks.intra_scores_vector(qc, kc, gc)
   else:
     diff = jnp.where(causal, gc[..., :, None] - gc[..., None, :], -jnp.inf)
     scores = jnp.einsum("bhnik,bhnjk->bhnij", qc, kc) * jnp.exp(diff)
-  # lambda_i at the pattern, one matmul against the pattern's one-hot (a sum of masked
-  # products per level took 3x the rest of the in-chunk gradient on a CPU).
+  # lambda_i at the pattern, one matmul against the pattern's one-hot (faster than masked sums).
   used = min(c, levels - 1) + 1
   one_hot = np.eye(used, dtype=np.float32)[pattern] * causal[..., None]  # [C, C, used]
   weights = jnp.einsum("bhnil,isl->bhnis", lc[..., :used], one_hot.astype(q.dtype))
@@ -404,23 +404,13 @@ def _forward(q, k, v, g, lam, s0, pos0, segment_ids, *, form, chunk_size, has_in
 # ------------------------------------------------------------ sequence parallel
 
 
-def _sequence_parallel(q, k, v, g, lam, s0, pos0, segment_ids, *, context, form, chunk_size,
-                       has_initial, implementation):
-  """:func:`_forward` with the sequence split over ``context`` (the module doc's
-  "Context parallelism"); the same arguments and result."""
+def _sharded(q, k, v, g, lam, s0, pos0, segment_ids, *, context, **static):
+  """:func:`_forward` split over ``context`` (the module doc's "Context parallelism")."""
   seq, row = context.seq_spec, context.row_spec
   named = {"q": (q, seq), "k": (k, seq), "v": (v, seq), "g": (g, seq), "lam": (lam, seq),
            "s0": (s0, row), "pos0": (pos0, row), "segment_ids": (segment_ids, seq)}
-  body = functools.partial(_local, axis_name=context.axis_name, form=form,
-                           chunk_size=chunk_size, has_initial=has_initial,
-                           implementation=implementation)
-  o, state, pos = context.shard(body, named, (seq, row, row))
+  o, state, pos = context_lib.run_sharded(_local, context, named, (seq, row, row), **static)
   return o, (state, pos)
-
-
-_sequence_parallel_jit = jax.jit(
-    _sequence_parallel, static_argnames=("context", "form", "chunk_size", "has_initial",
-                                         "implementation"))
 
 
 def _local(q, k, v, g, lam, s0, pos0, segment_ids=None, *, axis_name, form, chunk_size,
@@ -433,8 +423,7 @@ def _local(q, k, v, g, lam, s0, pos0, segment_ids=None, *, axis_name, form, chun
   zero = context_lib.varying_zero(q, segment_ids, dtype=q.dtype)
   offset = idx * t  # this slice's first global index
 
-  # Where the segment of this slice's first token starts, from the gathered last start of
-  # every slice (an edge start counts for the slice it opens): its position there.
+  # This slice's first token's position in its segment, from every slice's last start.
   cont = None
   start = jnp.full((b,), -1, jnp.int32)
   if segment_ids is not None:
@@ -448,10 +437,7 @@ def _local(q, k, v, g, lam, s0, pos0, segment_ids=None, *, axis_name, form, chun
     start = jnp.maximum(jnp.max(jnp.where(earlier, last, -1), axis=0), edges[idx])
   here = jnp.where(start >= 0, offset - start, pos0 + offset).astype(jnp.int32)
 
-  # 1. The slice from an empty state at position ``here``. Without segments or an initial
-  # state and with T / P a power of two, every pair inside the slice has the level it has
-  # at position 0 (the slice is a 2^m-aligned block), so the aligned Fenwick form runs and
-  # its final state -- every token in one level -- moves to that of the global position.
+  # 1. The slice from an empty state at position ``here`` (aligned: the Fenwick form, module doc).
   aligned = (form == "chunk" and segment_ids is None and not has_initial and t & (t - 1) == 0)
   empty = jnp.zeros_like(s0) + zero
   if aligned:
@@ -476,9 +462,8 @@ def _local(q, k, v, g, lam, s0, pos0, segment_ids=None, *, axis_name, form, chun
                                         lax.all_gather(local, axis_name),
                                         s0 if has_initial else None, cont, axis_name)
 
-  # 3. The entering state's part of the outputs, as an initial state's. Aligned, the earlier
-  # slices' tokens sit above this slice's own levels (``bit_length(T / P)`` and below) for
-  # every query: only those levels are read, so the read costs O(log P), not O(L).
+  # 3. The entering state's part of the outputs, as an initial state's. Aligned, only the levels
+  # above this slice's own are read (earlier slices sit there): O(log P), not O(L).
   if aligned:
     lo = min(t.bit_length(), levels - 1)
     qd = q * jnp.exp(_expand(G, q.ndim))
@@ -574,8 +559,7 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | N
   run = _forward
   if context is not None:
     context.check(b, t)
-    run = functools.partial(_sequence_parallel if context.is_local else _sequence_parallel_jit,
-                            context=context)
+    run = functools.partial(_sharded, context=context)
   o, (state, pos) = run(
       q.astype(acc) * scale, k.astype(acc), v.astype(acc), log_decay.astype(acc),
       level_weights.astype(acc), s0, pos0, segment_ids, form=form, chunk_size=chunk_size,

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention import common
-from linear_attention.ops import context as context_lib
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines import context as context_lib
+from linear_attention.engines.context import SeqContext
 from linear_attention.ops import scan as scan_lib
 
 Array = jax.Array

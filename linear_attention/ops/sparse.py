@@ -2,7 +2,7 @@
 
 All three are exact softmax attention restricted to a pattern, and none of
 them builds the ``T x T`` matrix: they visit only the key blocks the pattern
-allows, through the shared machinery of ``ops/softmax.py``.
+allows, through the shared machinery of ``engines/softmax/engine.py``.
 
 Patterns (query position ``i``, key position ``j``, always within one segment):
 
@@ -45,7 +45,7 @@ from jax import lax
 from linear_attention import common
 from linear_attention.ops import conv
 from linear_attention.ops import softmax as sm
-from linear_attention.ops.context import SeqContext, axis_index, check_context
+from linear_attention.engines.context import SeqContext, axis_index, check_context
 
 Array = jax.Array
 

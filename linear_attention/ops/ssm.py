@@ -39,9 +39,9 @@ from jax.sharding import PartitionSpec as P
 
 from linear_attention import common
 from linear_attention.ops import decay as decay_lib
-from linear_attention.ops import context as context_lib
+from linear_attention.engines import context as context_lib
 from linear_attention.ops import scan as scan_lib
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines.context import SeqContext
 
 Array = jax.Array
 
@@ -579,7 +579,7 @@ def _selective_local(delta, dx, A, B, C, h0=None, segment_ids=None, *, axis_name
   1. the rematerialised ``lax.scan`` of :func:`_selective_recurrent` over the slice from a
      zero state gives the zero-state outputs and the slice's final state;
   2. the slice's transition is ``exp(A * sum_t delta_t)`` (``[B, D, N]``; zero when a
-     segment starts inside the slice), and :func:`~linear_attention.ops.context.fold_affine`
+     segment starts inside the slice), and :func:`~linear_attention.engines.context.fold_affine`
      folds the gathered (transition, final state) pairs into the state entering this slice;
   3. each token adds ``<C_t, exp(A * delta_{<=t}) s_in>`` while it is in the segment that
      entered the slice: a parallel product, in chunks of ``chunk_size`` tokens under

@@ -52,9 +52,9 @@ import numpy as np
 from jax import lax
 
 from linear_attention import common
-from linear_attention.ops import context as context_lib
+from linear_attention.engines import context as context_lib
 from linear_attention.ops import decay
-from linear_attention.ops.context import SeqContext
+from linear_attention.engines.context import SeqContext
 
 Array = jax.Array
 

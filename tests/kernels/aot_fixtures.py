@@ -10,7 +10,7 @@ import time
 import jax
 import pytest
 
-from linear_attention.kernels import aot
+from tests.kernels import aot
 
 # The test modules that compile through compiled_fixture: their cases share one pool.
 _MODULES: list[str] = []

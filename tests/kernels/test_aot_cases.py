@@ -7,7 +7,7 @@ mode from a target unnoticed (issue 27: every kernel compiled for H200, A100, v5
 
 import pytest
 
-from linear_attention.kernels import aot
+from tests.kernels import aot
 
 
 def _kernel_mode(name: str) -> str:

@@ -17,8 +17,8 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from linear_attention import ops
-from linear_attention.kernels import chunk_decay as cd
-from linear_attention.kernels import dispatch
+from linear_attention.engines.decay import pallas as cd
+from linear_attention.engines import dispatch
 from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, keys, rand
 
 B, T, H, K, V = 1, 40, 2, 16, 32  # T: one full chunk of 32 and a partial one

@@ -17,7 +17,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from linear_attention import ops
-from linear_attention.kernels import chunk_delta as cdl
+from linear_attention.engines.delta import pallas as cdl
 from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, keys, rand
 
 B, T, H, K, V = 1, 40, 2, 16, 32

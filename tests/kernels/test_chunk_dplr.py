@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from linear_attention import ops
-from linear_attention.kernels import chunk_dplr as cdp
+from linear_attention.engines.dplr import pallas as cdp
 from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, keys, rand
 from tests.kernels.test_chunk_delta import PATHS, _assert_grads_close, _interpret, _vjps
 

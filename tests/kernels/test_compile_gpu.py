@@ -1,6 +1,6 @@
 """Every Pallas kernel compiles for GPU targets, with no register spills, on a host with no GPU.
 
-Deviceless ahead-of-time compilation (``linear_attention.kernels.aot``): each
+Deviceless ahead-of-time compilation (``tests.kernels.aot``): each
 case (chunk decay, flash attention, linear scan; forward and backward in one
 program; bfloat16 and float32; every decay and attention mode; initial and
 final state; the ``experiments/checks/gpu_check.py`` shapes and a small odd one) is
@@ -25,7 +25,7 @@ import shutil
 import jax
 import pytest
 
-from linear_attention.kernels import aot
+from tests.kernels import aot
 from tests.kernels import aot_fixtures
 
 TARGETS = ("h200", "a100")

@@ -1,6 +1,6 @@
 """Every Pallas kernel compiles for TPU v5e and v6e on a host with no TPU.
 
-The cases of ``linear_attention.kernels.aot`` (as in ``test_compile_gpu.py``)
+The cases of ``tests.kernels.aot`` (as in ``test_compile_gpu.py``)
 compiled for compile-only TPU devices (``get_topology_desc("v5e:2x2")``,
 ``"v6e:2x2"``) with libtpu: Mosaic runs inside the compile, so a kernel that
 Mosaic cannot lower or lay out fails here as it would on the chip. Mosaic
@@ -24,7 +24,7 @@ import importlib.util
 import jax
 import pytest
 
-from linear_attention.kernels import aot
+from tests.kernels import aot
 from tests.kernels import aot_fixtures
 
 TARGETS = ("v5e", "v6e")

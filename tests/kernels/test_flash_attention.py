@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from linear_attention.kernels import dispatch
-from linear_attention.kernels import flash_attention as fa
+from linear_attention.engines import dispatch
+from linear_attention.engines.softmax import pallas as fa
 from linear_attention.ops import sliding_window_attention, softmax_attention
 from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, keys, rand
 

@@ -12,7 +12,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from linear_attention import ops
-from linear_attention.kernels import scan as ks
+from linear_attention.engines.scan import pallas as ks
 from tests.helpers import BF16_ATOL, BF16_RTOL, assert_close, keys, rand
 
 B, T = 2, 21  # T: not a multiple of the TPU chunk (8)

@@ -1156,7 +1156,7 @@ assert all(len(s.names) == len(s.timed) for s in SPECS)
 class Kernel:
   """A Pallas kernel that ops reach with ``implementation="pallas"``.
 
-  ``entry``: the name its entry point gives ``kernels.dispatch.resolve_launch``
+  ``entry``: the name its entry point gives ``engines.dispatch.resolve_launch``
   (the suite checks that the op launched it); ``segments``: whether it takes
   packed ``segment_ids`` (where not, the op must refuse them under ``"pallas"``,
   naming ``segment_ids``).

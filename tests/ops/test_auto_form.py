@@ -111,7 +111,8 @@ def test_values_and_gradient_come_from_their_forms(name):
 
 def test_jit_vmap_and_forward_mode():
   """``auto`` under ``jit`` and ``vmap`` is the plain call; forward-mode differentiation is not
-  defined where the two forms differ (a ``jax.custom_vjp``), and a named form gives it."""
+  defined where the two forms differ (a ``jax.custom_vjp``: a ValueError says to name a form),
+  and a named form gives it."""
   call, _ = CALLS["gated_deltanet"]  # (the DPLR chunk form has no forward mode of its own)
   x = _inputs(2, 11)
   o = lambda q, **f: call(dict(x, q=q), x["s0"], **f)[0]
@@ -119,7 +120,7 @@ def test_jit_vmap_and_forward_mode():
   batched = jax.vmap(o)(jnp.stack([x["q"], 2 * x["q"]]))
   helpers.assert_tree_close(batched, jnp.stack([o(x["q"]), o(2 * x["q"])]), 1e-6, 1e-6)
   if _pair("gated_deltanet")[0] != _pair("gated_deltanet")[1]:
-    with pytest.raises(TypeError, match="custom_vjp"):
+    with pytest.raises(ValueError, match="form='auto' has a custom reverse-mode gradient"):
       jax.jvp(o, (x["q"],), (x["q"],))
   _, tangent = jax.jvp(lambda q: o(q, form="chunk"), (x["q"],), (x["q"],))
   _, want = jax.jvp(lambda q: o(q, form="recurrent"), (x["q"],), (x["q"],))

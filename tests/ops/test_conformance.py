@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_attention.kernels import dispatch
+from linear_attention.engines import dispatch
 from tests import helpers
 from tests.ops import conformance as cf
 from tests.ops import multidevice

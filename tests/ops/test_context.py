@@ -22,7 +22,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linear_attention import ops
-from linear_attention.ops import SeqContext
+from linear_attention.engines.context import SeqContext
 from tests.helpers import assert_tree_close, keys, rand, value_and_grads
 from tests.ops import multidevice
 

@@ -14,6 +14,7 @@ import pytest
 
 from linear_attention import common
 from linear_attention.ops import delta
+from linear_attention.engines import chunks
 from tests.helpers import assert_close, assert_tree_close, grads_of, keys, rand
 from tests.ops import conformance as cf
 
@@ -132,8 +133,8 @@ def test_unit_lower_inverses(n):
   # substitution for the parallel form), sizes that are not powers of two.
   l = jnp.tril(rand(keys(16, 1)[0], (3, n, n), scale=0.5), -1)
   want = np.linalg.inv(np.eye(n) + np.asarray(l, np.float64))
-  assert_close(jax.jit(common.unit_lower_inverse)(l), want, rtol=1e-4, atol=1e-4)
-  assert_close(jax.jit(common.unit_lower_inverse_rows)(l), want, rtol=1e-4, atol=1e-4)
+  assert_close(jax.jit(chunks.unit_lower_inverse)(l), want, rtol=1e-4, atol=1e-4)
+  assert_close(jax.jit(chunks.unit_lower_inverse_rows)(l), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("n", [5, 16])
@@ -145,11 +146,11 @@ def test_unit_lower_inverse_gradient(n):
     l = jnp.tril(rand(keys(17, 1)[0], (2, n, n), scale=0.4).astype(jnp.float64), -1)
     l = l + 3.0 * jnp.triu(jnp.ones((n, n), jnp.float64))
     ct = rand(keys(18, 1)[0], (2, n, n)).astype(jnp.float64)
-    ours = jax.grad(lambda l: jnp.sum(common.unit_lower_inverse(l) * ct))(l)
+    ours = jax.grad(lambda l: jnp.sum(chunks.unit_lower_inverse(l) * ct))(l)
     dense = jax.grad(lambda l: jnp.sum(jnp.linalg.inv(jnp.eye(n) + jnp.tril(l, -1)) * ct))(l)
     assert_close(ours, dense, rtol=1e-10, atol=1e-10)
     assert not np.any(np.triu(np.asarray(ours)))
-    jax.test_util.check_grads(common.unit_lower_inverse, (jnp.tril(l, -1),), order=1,
+    jax.test_util.check_grads(chunks.unit_lower_inverse, (jnp.tril(l, -1),), order=1,
                               modes=("rev",), atol=1e-6, rtol=1e-6)
 
 

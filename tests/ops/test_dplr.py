@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from linear_attention import ops
+from linear_attention.engines import chunks
 from tests import helpers
 
 F32 = jnp.float32
@@ -165,8 +166,8 @@ def test_chunk_blocks_carry_state_and_segments():
   """Long inputs run as blocks of ``_BLOCK_CHUNKS`` chunks with the state carried: chunks of 2
   tokens (4 sub-steps) make blocks of 128 tokens, so T = 270 is three blocks, with a segment
   running across the first boundary; equal to the recurrent form, gradients included."""
-  from linear_attention.ops import dplr
-  assert dplr._BLOCK_CHUNKS == 64  # the lengths below are chosen for it
+  from linear_attention.engines.dplr import engine
+  assert engine._BLOCK_CHUNKS == 64  # the lengths below are chosen for it
   t = 270
   q, k, v, a, b = _engine_inputs(7, t, 2)
   rng = _rng(8)
@@ -362,7 +363,7 @@ def test_intra_scores_of_several_inputs_against_dense_pairs(c, name):
   divisor at most ``sqrt(c)``), and steps down to the -inf floor."""
   from linear_attention import common
   if name == "intra_scores_by_diagonals":
-    assert common._diagonal_subchunk(c) == {64: 8, 16: 4, 12: 3, 7: 1}[c]
+    assert chunks._diagonal_subchunk(c) == {64: 8, 16: 4, 12: 3, 7: 1}[c]
   with jax.enable_x64(True):
     rng = _rng(c)
     x, y = (jnp.asarray(rng.standard_normal((2, 3, 2, c, 5))) for _ in range(2))
@@ -377,7 +378,7 @@ def test_intra_scores_of_several_inputs_against_dense_pairs(c, name):
 
     ct = jnp.asarray(rng.standard_normal((2, 3, 2, 2, c, c)))
     loss = lambda f: lambda *a: jnp.sum(ct * f(*a))
-    got = jax.value_and_grad(loss(getattr(common, name)), (0, 1, 2))(x, y, gc)
+    got = jax.value_and_grad(loss(getattr(chunks, name)), (0, 1, 2))(x, y, gc)
     want = jax.value_and_grad(loss(dense), (0, 1, 2))(x, y, gc)
     assert np.all(np.isfinite(np.asarray(got[0])))
     helpers.assert_tree_close(got, want, 1e-10, 1e-10, f"c={c}")

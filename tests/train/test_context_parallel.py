@@ -90,12 +90,14 @@ SCRIPT = textwrap.dedent("""
     q, k, v = (jax.random.normal(kk, (2, 16, 2, 4)) for kk in jax.random.split(k3, 3))
     pairs = {
         "conv": (lambda x, w: ops.causal_conv1d(x, w, segment_ids=seg, activation="silu"),
-                 lambda x, w: ops.sequence_parallel_causal_conv1d(
-                     x, w, mesh=mesh, batch_axis="data", segment_ids=seg, activation="silu"),
+                 lambda x, w: ops.causal_conv1d(
+                     x, w, segment_ids=seg, activation="silu",
+                     context=ops.SeqContext(mesh, "seq", "data")),
                  (x, w)),
         "softmax": (lambda q, k, v: ops.softmax_attention(q, k, v, causal=True, segment_ids=seg),
-                    lambda q, k, v: ops.sequence_parallel_softmax_attention(
-                        q, k, v, mesh=mesh, batch_axis="data", causal=True, segment_ids=seg),
+                    lambda q, k, v: ops.softmax_attention(
+                        q, k, v, causal=True, segment_ids=seg,
+                        context=ops.SeqContext(mesh, "seq", "data")),
                     (q, k, v)),
     }
     mesh = jax.make_mesh((2, 2), ("data", "seq"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -109,7 +111,7 @@ SCRIPT = textwrap.dedent("""
         np.testing.assert_allclose(a, b, err_msg=name, **TOL)
     # Each device's slice must hold the halo.
     try:
-      ops.sequence_parallel_causal_conv1d(x[:, :8], jnp.ones((6, 8)), mesh=mesh)
+      ops.causal_conv1d(x[:, :8], jnp.ones((6, 8)), context=ops.SeqContext(mesh, "seq", "data"))
     except ValueError as e:
       assert "needs at least 5 tokens per device" in str(e), e
     else:

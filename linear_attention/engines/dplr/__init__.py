@@ -1,0 +1,1 @@
+"""The DPLR engine: ``engine.py`` (XLA forms), ``terms.py`` (chunk algebra), ``pallas/``."""

@@ -1,0 +1,1 @@
+"""The elementwise linear-recurrence engine: ``engine.py`` (XLA forms), ``pallas/`` (its kernel)."""

@@ -1,0 +1,1 @@
+"""Exact softmax attention: ``engine.py`` (XLA algorithms), ``pallas/`` (flash attention)."""
