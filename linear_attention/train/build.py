@@ -20,7 +20,6 @@ from linear_attention.train import optim
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-
 def _build_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
                  num_classes: int | None, seed: int) -> nnx.Module:
   """:func:`create_model`'s model, initialised op by op (or abstractly under ``eval_shape``)."""

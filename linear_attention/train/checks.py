@@ -24,7 +24,6 @@ from linear_attention.train.steps import _train_step_fn
 EARLY_STOP_METRICS = ("", "accuracy", "loss")
 
 
-
 def _check_config(config: ml_collections.ConfigDict) -> None:
   t = config.train
   if t.steps < 0:
@@ -199,7 +198,6 @@ def check_mixer_kwargs(mcfg: Mapping[str, Any]) -> None:
 
 
 _OPTION_DEFAULTS: dict = {}
-
 
 
 def _mixer_option_defaults() -> dict:

@@ -133,7 +133,6 @@ class TrainWindow:
     return out
 
 
-
 def dispatch_steps(tcfg: Mapping[str, Any]) -> int:
   """Training steps fused into one dispatch: ``train.steps_per_dispatch`` (1 when absent)
   reduced to its greatest common divisor with the non-zero ``log_every``, ``eval_every`` and
