@@ -18,10 +18,12 @@ _EXPORTS = {
                      "WorkdirLockedError"), "errors"),
     **dict.fromkeys(("evaluate_checkpoint", "load_checkpoint", "load_config",
                      "load_final_metrics"), "results"),
-    **dict.fromkeys(("create_model", "loss_and_metrics", "train_and_evaluate"), "trainer"),
+    "create_model": "build",
+    "loss_and_metrics": "steps",
+    "train_and_evaluate": "trainer",
 }
-_SUBMODULES = ("checkpoint", "errors", "metrics", "optim", "results", "rundir", "sharding",
-               "trainer")
+_SUBMODULES = ("build", "checkpoint", "checks", "errors", "metrics", "optim", "results", "rundir",
+               "sharding", "steps", "trainer")
 
 if TYPE_CHECKING:  # what editors and type checkers see
   from linear_attention.train.errors import (CheckpointError, CheckpointWriteError,
@@ -31,7 +33,9 @@ if TYPE_CHECKING:  # what editors and type checkers see
   from linear_attention.train.optim import decay_mask, lr_schedule, make_optimizer, make_tx
   from linear_attention.train.results import (evaluate_checkpoint, load_checkpoint, load_config,
                                               load_final_metrics)
-  from linear_attention.train.trainer import create_model, loss_and_metrics, train_and_evaluate
+  from linear_attention.train.build import create_model
+  from linear_attention.train.steps import loss_and_metrics
+  from linear_attention.train.trainer import train_and_evaluate
 
 
 def __getattr__(name: str):

@@ -23,10 +23,8 @@ import time
 from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 
 from linear_attention import models
@@ -40,225 +38,17 @@ from linear_attention.train import sharding
 from linear_attention.train.errors import NonFiniteLossError, PreemptedError  # noqa: F401
 from linear_attention.train.rundir import (CONFIG_FILE, FINAL_METRICS_FILE,  # noqa: F401
                                            load_config, load_final_metrics, prepare_workdir)
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-# ----------------------------------------------------------------------------- model
-
-
-def _build_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
-                 num_classes: int | None, seed: int) -> nnx.Module:
-  """:func:`create_model`'s model, initialised op by op (or abstractly under ``eval_shape``)."""
-  if kind not in ("lm", "classify"):
-    raise ValueError(f"dataset kind must be 'lm' or 'classify', got {kind!r}.")
-  if mcfg["dtype"] not in DTYPES:
-    raise ValueError(f"config.model.dtype must be one of {list(DTYPES)}, got {mcfg['dtype']!r}.")
-  param_dtype = mcfg.get("param_dtype", "float32")
-  if param_dtype not in DTYPES:
-    raise ValueError(f"config.model.param_dtype must be one of {list(DTYPES)}, got "
-                     f"{param_dtype!r}.")
-  mk = mcfg["mixer_kwargs"]
-  mk = mk.to_dict() if isinstance(mk, ml_collections.ConfigDict) else dict(mk or {})
-  pattern = mcfg["pattern"] or None
-  common = dict(mixer=None if pattern else mcfg["mixer"], pattern=pattern,
-                num_heads=mcfg["num_heads"], mlp_ratio=mcfg["mlp_ratio"], mixer_kwargs=mk,
-                short_conv=int(mcfg.get("short_conv", 0)), dtype=DTYPES[mcfg["dtype"]],
-                param_dtype=DTYPES[param_dtype],
-                remat=mcfg.get("remat", "none"), scan_layers=bool(mcfg.get("scan_layers", False)))
-  num_layers = mcfg["num_layers"] if mcfg["num_layers"] > 0 else None
-  rngs = nnx.Rngs(params=seed)
-  if kind == "lm":
-    return models.LanguageModel(vocab_size, mcfg["d_model"], num_layers,
-                                tie_embeddings=mcfg["tie_embeddings"], rngs=rngs, **common)
-  return models.SequenceClassifier(vocab_size, num_classes, mcfg["d_model"], num_layers,
-                                   pooling=mcfg["pooling"], rngs=rngs, **common)
-
-
-def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
-                 num_classes: int | None, seed: int) -> nnx.Module:
-  """The model named by ``config.model``: a ``LanguageModel`` (kind ``"lm"``) or a
-  ``SequenceClassifier`` (kind ``"classify"``).
-
-  ``mcfg.pattern`` (hybrid letters such as ``"RRA"``) wins over ``mcfg.mixer`` when non-empty.
-
-  Raises:
-    ValueError: unknown mixer or pattern letter (listing the valid ones), bad sizes.
-  """
-  def build():
-    return _build_model(mcfg, vocab_size, kind, num_classes, seed)
-
-  # The parameters are initialised by one compiled program: op by op, the initialisers
-  # dispatched hundreds of small programs (about 2.7 s of a smoke-size trainer's start), and
-  # with JAX's persistent compilation cache a second start of the same model skips the
-  # compile (1.0 s). Same values as op by op: the same keys and initialisers.
-  graphdef, _ = nnx.split(nnx.eval_shape(build))
-  return nnx.merge(graphdef, jax.jit(lambda: nnx.state(build()))())
-
-
-# ----------------------------------------------------------------------------- loss
-
-
-def first_argmax(logits: jax.Array) -> jax.Array:
-  """``jnp.argmax(logits, -1)`` (the first index of the maximum) for finite ``logits``.
-
-  XLA on CPU lowers ``argmax`` to a two-output (value, index) reduction that runs several
-  times slower than two plain reductions; over a vocabulary of 8192 it cost as much as the
-  head's matmul. Non-finite rows may differ from ``argmax`` (the loss is then non-finite too).
-  """
-  top = jnp.max(logits, axis=-1, keepdims=True)
-  idx = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-  return jnp.min(jnp.where(logits == top, idx, logits.shape[-1]), axis=-1)
-
-
-def loss_and_metrics(model: nnx.Module, batch: Mapping[str, jax.Array], kind: str,
-                     max_targets: int | None = None):
-  """Masked cross-entropy.
-
-  ``kind="lm"``: ``inputs, targets [B, T]`` int, ``mask [B, T]`` float (1 = counted); the loss
-  is the mean over counted tokens. ``kind="classify"``: ``inputs [B, T]``, ``mask [B, T]``
-  bool (True = real token), ``label [B]``; the mean over sequences.
-
-  ``max_targets`` (``"lm"`` only): a bound on the counted positions of any row (the dataset's
-  ``max_targets_per_row``). The logits are then computed at the first ``max_targets``
-  counted positions of each row only; the loss and accuracy are the same as without it.
-
-  Returns:
-    ``(loss, {"loss_sum", "correct", "weight"})`` with float32 scalars (sums, so that
-    evaluation batches add up exactly).
-  """
-  if kind == "lm":
-    labels, w = batch["targets"], batch["mask"].astype(jnp.float32)
-    if max_targets:
-      # Stable sort of "not counted" puts each row's counted positions first, in order.
-      pos = jnp.argsort(w <= 0, axis=-1, stable=True)[:, :max_targets]
-      labels, w = (jnp.take_along_axis(a, pos, axis=1) for a in (labels, w))
-      logits = model(batch["inputs"], positions=pos)
-    else:
-      logits = model(batch["inputs"])
-  else:
-    logits = model(batch["inputs"], batch["mask"])
-    labels = batch["label"]
-    w = jnp.ones(labels.shape, jnp.float32)
-  logits = logits.astype(jnp.float32)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = (first_argmax(logits) == labels).astype(jnp.float32)
-  loss_sum, weight = jnp.sum(ce * w), jnp.sum(w)
-  loss = loss_sum / jnp.maximum(weight, 1.0)
-  return loss, {"loss_sum": loss_sum, "correct": jnp.sum(correct * w), "weight": weight}
-
-
-def _micro_batches(batch: Mapping[str, jax.Array], accum_steps: int) -> dict:
-  """``[B, ...]`` fields -> ``[accum_steps, B / accum_steps, ...]``: micro-batch ``j`` holds
-  rows ``j, j + k, j + 2k, ...``, so each device's contiguous rows split into ``k`` local
-  micro-batches and no row moves between devices."""
-  def split(x):
-    return jnp.swapaxes(x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]), 0, 1)
-  return {k: split(v) for k, v in batch.items()}
-
-
-def accumulated_grads(model: nnx.Module, batch: Mapping[str, jax.Array], kind: str,
-                      max_targets: int | None = None, accum_steps: int = 1):
-  """The loss, its metric sums and the gradient of ``model`` on ``batch``, computed on
-  ``accum_steps`` micro-batches one after the other (a ``lax.scan``).
-
-  Each micro-batch adds the gradient of its summed loss; the sum is divided by the counted
-  positions of the whole batch at the end, so the result is the gradient of the whole
-  batch's mean loss (to float32 rounding) with the activations of one micro-batch alive at
-  a time. ``batch``'s row count must be divisible by ``accum_steps``.
-
-  Returns:
-    ``(loss, {"loss_sum", "correct", "weight"}, grads)`` as :func:`loss_and_metrics` and
-    ``nnx.grad`` give them.
-  """
-  if accum_steps == 1:
-    grad_fn = nnx.value_and_grad(loss_and_metrics, has_aux=True)
-    (loss, aux), grads = grad_fn(model, batch, kind, max_targets)
-    return loss, aux, grads
-
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-  def summed(params, rest, b):  # pure in the parameters: the scan body is its own trace
-    _, aux = loss_and_metrics(nnx.merge(graphdef, params, rest), b, kind, max_targets)
-    return aux["loss_sum"], aux
-
-  grad_fn = jax.value_and_grad(summed, has_aux=True)
-
-  def micro(carry, b):
-    grads, sums = carry
-    (_, aux), g = grad_fn(params, rest, b)
-    return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, aux)), None
-
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  sums0 = {k: jnp.zeros((), jnp.float32) for k in ("loss_sum", "correct", "weight")}
-  (grads, aux), _ = jax.lax.scan(micro, (zeros, sums0), _micro_batches(batch, accum_steps))
-  weight = jnp.maximum(aux["weight"], 1.0)
-  grads = jax.tree.map(lambda g: g / weight.astype(g.dtype), grads)
-  return aux["loss_sum"] / weight, aux, grads
-
-
-def _train_step_fn(graphdef, kind: str, max_targets: int | None, accum_steps: int = 1):
-  """The un-jitted one-step update ``(state, batch) -> (state, metrics)``; ``accum_steps``
-  micro-batches per step (see :func:`accumulated_grads`)."""
-
-  def train_step(state, batch):
-    model, opt = nnx.merge(graphdef, state)
-    loss, aux, grads = accumulated_grads(model, batch, kind, max_targets, accum_steps)
-    gnorm = optax.tree.norm(grads)
-    opt.update(model, grads)
-    out = {"loss": loss, "accuracy": aux["correct"] / jnp.maximum(aux["weight"], 1.0),
-           "grad_norm": gnorm, "finite": jnp.isfinite(loss) & jnp.isfinite(gnorm)}
-    return nnx.state((model, opt)), out
-
-  return train_step
-
-
-def make_steps(graphdef, kind: str, state_sh, batch_sh, repl, max_targets: int | None = None,
-               accum_steps: int = 1):
-  """Jitted train and eval steps on the flat ``(model, optimizer)`` state (the train step
-  on ``accum_steps`` micro-batches of each batch; evaluation on the whole batch).
-
-  ``jax.jit`` over ``nnx.split`` state (rather than ``nnx.jit`` on the objects) gives explicit
-  in/out shardings (replicated or FSDP) and donates the old state's buffers.
-  """
-  train_step = _train_step_fn(graphdef, kind, max_targets, accum_steps)
-
-  def eval_step(state, batch):
-    model, _ = nnx.merge(graphdef, state)
-    return loss_and_metrics(model, batch, kind, max_targets)[1]
-
-  train = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, repl),
-                  donate_argnums=0)
-  evaluate = jax.jit(eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
-  return train, evaluate
-
-
-def make_fused_steps(graphdef, kind: str, state_sh, batch_sh, repl,
-                     max_targets: int | None = None, accum_steps: int = 1):
-  """A jitted ``(state, batches) -> (state, metrics)`` running one step per leading row.
-
-  ``batches`` is a batch with a leading steps axis (``[K, B, ...]``); the steps run in a
-  ``lax.scan`` inside one dispatch, so the host and the device meet once per ``K`` steps.
-  The metrics come back stacked (``[K]`` per name). The parameters after ``K`` fused steps
-  equal those of ``K`` calls of :func:`make_steps`' train step to float32 rounding (XLA may
-  fuse the scan body differently). ``batch_sh``: the sharding of one batch (rows over the
-  data axis), or None; the stacked batch adds an unsharded leading axis.
-  """
-  train_step = _train_step_fn(graphdef, kind, max_targets, accum_steps)
-
-  def train_many(state, batches):
-    return jax.lax.scan(train_step, state, batches)
-
-  def stacked(sh):
-    if not isinstance(sh, jax.sharding.NamedSharding):
-      return sh
-    return jax.sharding.NamedSharding(sh.mesh, jax.sharding.PartitionSpec(None, *sh.spec))
-
-  # One sharding for the whole batch, or one per field (a sharded sequence).
-  stacked_sh = jax.tree.map(stacked, batch_sh)
-  return jax.jit(train_many, in_shardings=(state_sh, stacked_sh),
-                 out_shardings=(state_sh, repl), donate_argnums=0)
-
+# The model, the steps and the pre-write checks live in their own modules; tests, results.py,
+# experiments and notebooks still reach them as ``trainer.<name>``, so they are re-exported.
+from linear_attention.train.build import (DTYPES, _build_model,  # noqa: F401
+                                          _model_and_optimizer, create_model)
+from linear_attention.train.checks import (EARLY_STOP_METRICS, _check_config,  # noqa: F401
+                                           _mixer_option_defaults, check_batch,
+                                           check_context_parallel, check_first_step,
+                                           check_mixer_kwargs, check_run)
+from linear_attention.train.steps import (_micro_batches, _train_step_fn,  # noqa: F401
+                                          accumulated_grads, first_argmax, loss_and_metrics,
+                                          make_fused_steps, make_steps)
 
 _make_steps = make_steps  # the name experiments/bench_train.py uses
 
@@ -343,7 +133,6 @@ class TrainWindow:
     return out
 
 
-
 def dispatch_steps(tcfg: Mapping[str, Any]) -> int:
   """Training steps fused into one dispatch: ``train.steps_per_dispatch`` (1 when absent)
   reduced to its greatest common divisor with the non-zero ``log_every``, ``eval_every`` and
@@ -415,65 +204,6 @@ class _HostBatches:
     return got
 
 
-def _check_config(config: ml_collections.ConfigDict) -> None:
-  t = config.train
-  if t.steps < 0:
-    raise ValueError(f"config.train.steps must be >= 0, got {t.steps}.")
-  for f in ("log_every", "eval_every", "checkpoint_every"):
-    if t[f] < 0:
-      raise ValueError(f"config.train.{f} must be >= 0 (0 = never), got {t[f]}.")
-  spd = t.get("steps_per_dispatch", 1)
-  if isinstance(spd, bool) or not isinstance(spd, int) or spd < 1:
-    raise ValueError(f"config.train.steps_per_dispatch must be an int >= 1, got {spd!r}.")
-  param_dtype = config.model.get("param_dtype", "float32")
-  if param_dtype != "float32" and t.steps > 0:
-    raise ValueError(f"config.model.param_dtype={param_dtype!r} is for inference (evaluation, "
-                     "generation); training keeps float32 parameters and optimizer state. "
-                     "For bfloat16 compute set config.model.dtype='bfloat16' and leave "
-                     "config.model.param_dtype='float32'.")
-  accum = t.get("accum_steps", 1)
-  if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
-    raise ValueError(f"config.train.accum_steps must be an int >= 1, got {accum!r}.")
-  metric = t.get("early_stop_metric", "")
-  if metric not in EARLY_STOP_METRICS:
-    raise ValueError(f"config.train.early_stop_metric must be one of {list(EARLY_STOP_METRICS)}, "
-                     f"got {metric!r}.")
-  if metric and not t.eval_every:
-    raise ValueError("config.train.early_stop_metric needs config.train.eval_every > 0 (the "
-                     "stop is checked at each evaluation), got 0.")
-  optim.lr_schedule(config.optim, max(int(t.steps), 1))  # an unknown schedule fails here
-
-
-def check_batch(batch: Mapping[str, np.ndarray], ds, step: int, split: str) -> None:
-  """Refuses a batch whose token ids (or labels) fall outside the dataset's vocabulary.
-
-  Out-of-range ids do not fail inside the model: the embedding lookup gives NaN logits
-  (ids >= vocab) or wraps around (negative ids) under ``jit``. One min/max per array on the
-  host costs microseconds per step.
-
-  Raises:
-    DataError: naming the array, the offending id, the vocabulary size, the step and split.
-  """
-  checks = [("inputs", batch["inputs"], None, ds.vocab_size)]
-  if ds.kind == "lm":
-    checks.append(("targets", batch["targets"], np.asarray(batch["mask"]) > 0, ds.vocab_size))
-  elif "label" in batch and ds.num_classes:
-    checks.append(("label", batch["label"], None, ds.num_classes))
-  for name, arr, where, size in checks:
-    arr = np.asarray(arr)
-    if where is not None:
-      arr = arr[where]
-    if arr.size == 0:
-      continue
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= size:
-      bad = lo if lo < 0 else hi
-      what = "classes" if name == "label" else "vocabulary"
-      raise errors.DataError(
-          f"the {split} batch of step {step} holds {name} id {bad}, outside the {what} of "
-          f"size {size} (valid ids 0..{size - 1}); the dataset breaks the data contract.")
-
-
 class _SigtermFlag:
   """Turns SIGTERM and a first SIGINT into a flag checked between steps (main thread only):
   the loop saves a checkpoint and stops. A second SIGINT interrupts at once."""
@@ -498,27 +228,6 @@ class _SigtermFlag:
       signal.signal(s, h)
 
 
-def check_context_parallel(model: nnx.Module, ds, mesh) -> None:
-  """With a sharded sequence (``config.mesh.seq > 1``): ``seq`` divides the dataset's
-  sequence length and every mixer of ``model`` runs context-parallel.
-
-  Raises:
-    ValueError: naming ``config.mesh.seq`` and, for mixers, the ones that cannot run
-      sharded and the ones that can.
-  """
-  s = sharding.seq_size(mesh)
-  if s == 1:
-    return
-  sharding.check_seq_len(int(ds.seq_len), mesh)
-  from linear_attention.nn import registry
-  names = getattr(getattr(model, "backbone", model), "mixer_names", ())
-  bad = sorted({n for n in names if not registry.spec(n).cls.context_parallel})
-  if bad:
-    able = list(registry.select(context_parallel=True))
-    raise ValueError(f"config.mesh.seq={s} shards the sequence, but mixer(s) {bad} cannot run "
-                     f"that way; context-parallel mixers: {able}.")
-
-
 def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "validation"):
   """Loss and accuracy summed over ``ds.eval_batches(split, num_batches)``."""
   tot = {"loss_sum": 0.0, "correct": 0.0, "weight": 0.0}
@@ -532,9 +241,6 @@ def evaluate(eval_fn, state, ds, mesh, num_batches: int | None, split: str = "va
 
 
 # ----------------------------------------------------------------------------- main loop
-
-
-EARLY_STOP_METRICS = ("", "accuracy", "loss")
 
 
 def non_finite_message(step: int, loss: float, grad_norm: float, directory: str,
@@ -587,119 +293,7 @@ def early_stop_reached(tcfg: Mapping[str, Any], res: Mapping[str, float]) -> boo
   return res[metric] >= value if metric == "accuracy" else res[metric] <= value
 
 
-def check_run(config: ml_collections.ConfigDict, dataset=None, *, abstract: bool = False):
-  """Every check a run makes before it writes anything: the config's fields, the dataset,
-  the model and every layer option (by tracing one training step on abstract inputs, which
-  reaches the checks that the ops make at trace time), the mesh and the first batch.
-
-  Args:
-    config: the run's ConfigDict.
-    dataset: as in :func:`train_and_evaluate`.
-    abstract: build the model and optimizer with ``nnx.eval_shape`` (no parameter values;
-      for checking a config without training it).
-
-  Returns:
-    ``(dataset, model, optimizer, mesh)``.
-
-  Raises:
-    ConfigError (a ValueError): the first problem found, in one line.
-  """
-  try:
-    _check_config(config)
-    check_mixer_kwargs(config.model)
-    if dataset is None:
-      from linear_attention import data  # the trainer's tests can run without the task code
-      dataset = data.make_dataset(config.data)
-    ds = dataset
-    if abstract:
-      model, opt = nnx.eval_shape(lambda: _model_and_optimizer(config, ds, build=False))
-    else:
-      model, opt = _model_and_optimizer(config, ds)
-    mesh = sharding.make_mesh(config.mesh)
-    if ds.batch_size % mesh.shape[sharding.DATA]:
-      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by the "
-                       f"{mesh.shape[sharding.DATA]} devices of the data axis (config.mesh.data).")
-    accum = int(config.train.get("accum_steps", 1))
-    if ds.batch_size % (mesh.shape[sharding.DATA] * accum):
-      raise ValueError(f"config.data.batch_size ({ds.batch_size}) must be divisible by "
-                       f"config.train.accum_steps ({accum}) times the "
-                       f"{mesh.shape[sharding.DATA]} devices of the data axis: each device "
-                       "splits its rows into accum_steps micro-batches.")
-    check_context_parallel(model, ds, mesh)
-    first = ds.batch(0, split="train")
-    check_batch(first, ds, 0, "train")
-    check_first_step(model, opt, ds, mesh, first, accum_steps=accum)
-  except errors.ConfigError:
-    raise
-  except (ValueError, ModuleNotFoundError) as e:  # all of it refused before anything written
-    raise errors.ConfigError(str(e)) from e
-  return ds, model, opt, mesh
-
-
-def _model_and_optimizer(config: ml_collections.ConfigDict, ds, build: bool = True):
-  make = create_model if build else _build_model
-  model = make(config.model, ds.vocab_size, ds.kind, ds.num_classes, int(config.train.seed))
-  return model, optim.make_optimizer(model, config.optim, int(config.train.steps))
-
-
-def check_first_step(model: nnx.Module, opt: nnx.Optimizer, ds, mesh,
-                     batch: Mapping[str, np.ndarray], accum_steps: int = 1) -> None:
-  """Traces one training step on abstract inputs (``jax.eval_shape``: nothing computed or
-  compiled), under the mesh as the real step is, so that a layer option the ops check
-  only at trace time (a chunk size, a form, a window wider than a shard) fails here.
-
-  Raises:
-    ValueError: from the layer or op that refused its option.
-  """
-  graphdef, state = nnx.split((model, opt))
-  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state)
-  batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) for k, v in batch.items()}
-  step = _train_step_fn(graphdef, ds.kind, getattr(ds, "max_targets_per_row", None),
-                        accum_steps)
-  with sharding.mesh_context(mesh):
-    jax.eval_shape(step, shapes, batch)
-
-
-def check_mixer_kwargs(mcfg: Mapping[str, Any]) -> None:
-  """Refuses options of mixers the model does not use: they would change nothing, yet be
-  stored in ``config.json`` and block a later resume without them.
-
-  Raises:
-    ValueError: naming every such ``config.model.mixer_kwargs.<mixer>.<option>``, its value
-      and default, and the mixers the model uses.
-  """
-  from linear_attention.nn import registry
-  mk = mcfg.get("mixer_kwargs") or {}
-  mk = mk.to_dict() if isinstance(mk, ml_collections.ConfigDict) else dict(mk)
-  used = rundir.used_mixers(mcfg)
-  defaults = _mixer_option_defaults()
-  bad = []
-  for name, opts in sorted(mk.items()):
-    if name in used or name not in registry.MIXERS:  # unknown names: the model refuses them
-      continue
-    for k, v in sorted(dict(opts or {}).items()):
-      if k not in defaults.get(name, {}) or v != defaults[name][k]:
-        bad.append(f"config.model.mixer_kwargs.{name}.{k}={v!r}")
-  if bad:
-    raise ValueError(f"{', '.join(bad)} set(s) an option of a mixer this model does not use "
-                     f"(its mixers: {sorted(used)}); drop it, or set config.model.mixer / "
-                     "config.model.pattern to a model that uses it.")
-
-
 _OPTION_DEFAULTS: dict = {}
-
-
-def _mixer_option_defaults() -> dict:
-  """``{mixer: {option: default}}`` as the configs declare them (cached)."""
-  if not _OPTION_DEFAULTS:
-    from linear_attention.nn import registry
-    import inspect
-    for name in registry.MIXERS:
-      s = registry.spec(name)
-      params = inspect.signature(s.cls.__init__).parameters
-      _OPTION_DEFAULTS[name] = {k: s.defaults.get(k, params[k].default)
-                                for k in registry.mixer_kwargs(name)}
-  return _OPTION_DEFAULTS
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, dataset=None,
