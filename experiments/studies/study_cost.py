@@ -459,6 +459,7 @@ def main(argv=None):
   seqs = sorted(int(s) for s in a.seqs.split(","))
   positions = sorted(int(s) for s in a.positions.split(","))
   t0 = time.perf_counter()
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from bench.measure import matmul_gflops  # the machine's own matmul rate, for context
   mm = matmul_gflops(512 if a.smoke else 2048)
   print(f"float32 matmul: {mm:.1f} GFLOP/s")
