@@ -14,7 +14,7 @@ Routing of one token ``x [D]`` over ``E`` experts (logits ``l = x W_r`` in float
 The output is ``sum_i w_i E_i(x)`` (each expert a SwiGLU of width ``hidden``), plus the
 shared expert ``S(x)`` (width ``shared_hidden``; times ``sigmoid(x W_s)`` with
 ``shared_gate=True``, as Qwen3-Next). The experts run as grouped matmuls
-(``jax.lax.ragged_dot``) over the tokens sorted by expert, so the cost is ``top_k``
+(:func:`grouped_matmul`) over the tokens sorted by expert, so the cost is ``top_k``
 experts per token, not ``E``.
 """
 
@@ -31,6 +31,87 @@ from linear_attention.nn.mixer import check_positive
 Array = jax.Array
 
 SCORES = ("softmax", "sigmoid")
+
+
+def _block_rows(rows: int, groups: int) -> int:
+  """Rows per block of :func:`grouped_matmul`: about the mean group size, a power of two
+  in [8, 128] (small blocks waste little padding at decode, large ones run at matmul speed)."""
+  return min(128, max(8, 1 << max(0, rows // groups - 1).bit_length()))
+
+
+def _blocks_times(xp: Array, w: Array, block_group: Array, used: Array) -> Array:
+  """``xp [nb, b, D]``, each block times ``w[block_group]``; unused blocks are zeros
+  (float32 ``[nb, b, F]``)."""
+  def one(a):
+    xb, g, u = a
+    return jax.lax.cond(
+        u, lambda: jnp.dot(xb, jnp.asarray(w)[g], preferred_element_type=jnp.float32),
+        lambda: jnp.zeros((xb.shape[0], w.shape[-1]), jnp.float32))
+  return jax.lax.map(one, (xp, block_group, used))
+
+
+@jax.custom_vjp
+def _padded_grouped_matmul(xp, w, block_group, used):
+  return _blocks_times(xp, w, block_group, used)
+
+
+def _padded_fwd(xp, w, block_group, used):
+  return _blocks_times(xp, w, block_group, used), (xp, w, block_group, used)
+
+
+def _padded_bwd(res, dy):
+  xp, w, block_group, used = res
+  dxp = _blocks_times(dy.astype(w.dtype), jnp.swapaxes(w, 1, 2), block_group, used)
+
+  def add(dw, a):  # in place: one expert's slice per block, not a full [E, D, F] add
+    xb, dyb, g, u = a
+    upd = jax.lax.cond(u, lambda: jnp.dot(xb.T.astype(jnp.float32), dyb),
+                       lambda: jnp.zeros(w.shape[1:], jnp.float32))
+    return dw.at[g].add(upd), None
+
+  dw, _ = jax.lax.scan(add, jnp.zeros(w.shape, jnp.float32), (xp, dy, block_group, used))
+  return dxp.astype(xp.dtype), dw.astype(w.dtype), None, None
+
+
+_padded_grouped_matmul.defvjp(_padded_fwd, _padded_bwd)
+
+
+def grouped_matmul(x: Array, w: Array, group_sizes: Array, *, block: int | None = None) -> Array:
+  """Rows of ``x [M, D]`` sorted by group, group ``g``'s rows times ``w[g]`` (``w
+  [E, D, F]``; ``group_sizes [E]`` int, summing to ``M``) -> float32 ``[M, F]``.
+
+  The values of ``jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=float32)``,
+  which it is on TPU. On CPU and GPU, XLA (jaxlib 0.10) lowers ``ragged_dot`` to a dense
+  product with every group, ``E`` times the work; there each group's rows are padded to a
+  multiple of ``block`` rows and every block is multiplied by its group's matrix alone,
+  blocks past the last row skipped (``block=None``: :func:`_block_rows`).
+
+  Examples:
+    >>> x = jnp.ones((5, 4)); w = jnp.stack([jnp.eye(4), 2 * jnp.eye(4)])
+    >>> grouped_matmul(x, w, jnp.array([2, 3]))[:, 0].tolist()
+    [1.0, 1.0, 2.0, 2.0, 2.0]
+  """
+  x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
+  m, d = x.shape
+  if w.ndim != 3 or w.shape[1] != d:
+    raise ValueError(f"w must have shape [E, D={d}, F], got {tuple(w.shape)}.")
+  e, f = w.shape[0], w.shape[-1]
+  if group_sizes.shape != (e,):
+    raise ValueError(f"group_sizes must have shape ({e},), got {tuple(group_sizes.shape)}.")
+  if jax.default_backend() == "tpu":
+    return jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32)
+  b = block or _block_rows(m, e)
+  padded = (group_sizes + b - 1) // b * b
+  ends = jnp.cumsum(padded)
+  row_group = jnp.repeat(jnp.arange(e), group_sizes, total_repeat_length=m)
+  rank = jnp.arange(m) - (jnp.cumsum(group_sizes) - group_sizes)[row_group]
+  pos = (ends - padded)[row_group] + rank  # each row's place in the padded layout
+  blocks = -(-(m + e * (b - 1)) // b)  # the most blocks any split of M rows can need
+  xp = jnp.zeros((blocks * b, d), x.dtype).at[pos].set(x).reshape(blocks, b, d)
+  start = jnp.arange(blocks) * b
+  block_group = jnp.minimum(jnp.searchsorted(ends, start, side="right"), e - 1)
+  y = _padded_grouped_matmul(xp, w, block_group, start < ends[-1])
+  return y.reshape(blocks * b, f)[pos]
 
 
 class RouterBias(nnx.Variable):
@@ -149,10 +230,9 @@ class MoE(nnx.Module):
     sizes = jnp.bincount(flat, length=self.num_experts).astype(jnp.int32)
     act = mlp_lib.ACTIVATIONS[self.activation]
     f32 = jnp.float32  # accumulate in float32, whatever the compute dtype
-    h = jax.lax.ragged_dot(x2[token], self.gate_up[...].astype(dt), sizes,
-                           preferred_element_type=f32)
+    h = grouped_matmul(x2[token], self.gate_up[...].astype(dt), sizes)
     h = (act(h[:, :self.hidden]) * h[:, self.hidden:]).astype(dt)
-    y = jax.lax.ragged_dot(h, self.down[...].astype(dt), sizes, preferred_element_type=f32)
+    y = grouped_matmul(h, self.down[...].astype(dt), sizes)
     y = y * w.reshape(-1)[order][:, None]
     out = jnp.zeros((x2.shape[0], self.d_model), jnp.float32).at[token].add(y)
     if self.shared is not None:
