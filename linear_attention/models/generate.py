@@ -59,11 +59,15 @@ def _generate(graphdef, state, prompt, key, *, max_new_tokens, temperature, top_
   b, tp = prompt.shape
   cache = shard_batch(model.init_cache(b, tp + max_new_tokens, cache_dtype), mesh, b)
 
-  def feed(cache, tok):
-    logits, cache = model.decode_step(tok, cache)
-    return cache, logits
+  if hasattr(model, "feed"):  # the vocabulary head once, on the last prompt position
+    last, cache = model.feed(prompt, cache)
+  else:
+    def feed(cache, tok):
+      logits, cache = model.decode_step(tok, cache)
+      return cache, logits
 
-  cache, logits = lax.scan(feed, cache, prompt.T)
+    cache, logits = lax.scan(feed, cache, prompt.T)
+    last = logits[-1]
 
   def step(carry, k):
     logits, cache = carry
@@ -71,7 +75,7 @@ def _generate(graphdef, state, prompt, key, *, max_new_tokens, temperature, top_
     logits, cache = model.decode_step(tok, cache)
     return (logits, cache), tok
 
-  _, new = lax.scan(step, (logits[-1], cache), jax.random.split(key, max_new_tokens))
+  _, new = lax.scan(step, (last, cache), jax.random.split(key, max_new_tokens))
   return jnp.concatenate([prompt.astype(jnp.int32), new.T], axis=1)
 
 

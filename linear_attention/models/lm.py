@@ -307,6 +307,22 @@ class LanguageModel(nnx.Module):
     h, cache = self.backbone.decode_step(tokens, cache)
     return self._logits(h), cache
 
+  def feed(self, tokens: Array, cache: list) -> tuple[Array, list]:
+    """Feeds a prompt ``tokens [B, Tp]`` through the backbone's decode step, one position at
+    a time (a ``lax.scan``): ``(logits [B, V] of the last position, cache)``.
+
+    The same cache and last logits as :meth:`decode_step` at every position, with the
+    vocabulary head run once instead of per token (per token it reads the whole ``[D, V]``
+    head for one row).
+    """
+    def step(carry, tok):
+      h, cache = self.backbone.decode_step(tok, carry[1])
+      return (h, cache), None
+
+    carry = self.backbone.decode_step(tokens[:, 0], cache)  # fixes the carry's dtype
+    (h, cache), _ = jax.lax.scan(step, carry, tokens[:, 1:].T)
+    return self._logits(h), cache
+
 
 POOLINGS = ("mean", "cls", "last")
 

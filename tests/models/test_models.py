@@ -95,6 +95,21 @@ def test_hybrid_decode_matches_forward():
                        rtol=1e-4, atol=3e-4)
 
 
+@pytest.mark.parametrize("t", [1, 5])
+def test_feed_equals_decode_step_at_every_position(t):
+  """``feed`` (head on the last position only) gives the last logits and the cache that
+  ``decode_step`` gives token by token."""
+  model = lm(pattern="RLA", mixer_kwargs={**SMALL})
+  toks = tokens(t=t)
+  cache = model.init_cache(toks.shape[0], 8)
+  for i in range(t):
+    logits, cache = model.decode_step(toks[:, i], cache)
+  fed, fed_cache = model.feed(toks, model.init_cache(toks.shape[0], 8))
+  np.testing.assert_allclose(fed, logits, rtol=1e-5, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+               fed_cache, cache)
+
+
 def test_generate_greedy_is_argmax_of_forward():
   model = lm(pattern="RA", num_layers=2)
   prompt = tokens(t=4)
