@@ -83,6 +83,16 @@ def random_projection(key: Array, num_features: int, dim: int, *, orthogonal: bo
 
   Returns:
     ``W`` of shape ``[num_features, dim]``, float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> w = ops.random_projection(jax.random.key(0), 8, 4, orthogonal=True)
+    >>> w.shape  # [num_features, dim]
+    (8, 4)
+    >>> gram = w[:4] @ w[:4].T  # each block of dim rows is orthogonal
+    >>> bool(jnp.allclose(gram, jnp.diag(jnp.diag(gram)), atol=1e-4))
+    True
   """
   common.check_positive_int("num_features", num_features)
   common.check_positive_int("dim", dim)
