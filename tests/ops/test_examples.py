@@ -1,5 +1,7 @@
-"""The ``Examples:`` blocks of the public ops' docstrings run (doctest), so they cannot go
-stale; every public function of :mod:`linear_attention.ops` must have one."""
+"""The ``Examples:`` blocks of the public docstrings run (doctest), so they cannot go stale:
+every public function of :mod:`linear_attention.ops` must have one, as must the entry points
+of ``nn``, ``models`` and ``hub`` in ``ENTRY_POINTS``; any other public function or class of
+those namespaces with an example has it run too."""
 
 from __future__ import annotations
 
@@ -8,7 +10,12 @@ import inspect
 
 import pytest
 
-from linear_attention import ops
+from linear_attention import hub, models, nn, ops
+
+# The first call a user makes into each layer of the package above ops.
+ENTRY_POINTS = (("nn", "make_mixer"), ("models", "LanguageModel"), ("models", "generate"),
+                ("hub", "save_pretrained"))
+NAMESPACES = {"nn": nn, "models": models, "hub": hub}
 
 
 def _public_ops():
@@ -19,6 +26,14 @@ def _public_ops():
 
 def _examples(fn):
   return doctest.DocTestFinder(recurse=False).find(fn, fn.__name__, globs={})
+
+
+def _run_examples(name, obj):
+  runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+  for test in _examples(obj):
+    runner.run(test)
+  result = runner.summarize(verbose=False)
+  assert result.attempted and not result.failed, f"{name}: {result.failed} example(s) failed"
 
 
 def test_public_ops_are_found():
@@ -35,8 +50,23 @@ def test_every_public_op_has_examples():
 
 @pytest.mark.parametrize("name", sorted(_public_ops()))
 def test_docstring_examples_run(name):
-  runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
-  for test in _examples(getattr(ops, name)):
-    runner.run(test)
-  result = runner.summarize(verbose=False)
-  assert result.attempted and not result.failed, f"{name}: {result.failed} example(s) failed"
+  _run_examples(name, getattr(ops, name))
+
+
+def _public_entry_points():
+  return {f"{ns}.{name}": obj for ns, mod in NAMESPACES.items()
+          for name, obj in sorted(vars(mod).items())
+          if (inspect.isfunction(obj) or inspect.isclass(obj)) and not name.startswith("_")}
+
+
+def test_entry_points_have_examples():
+  found = _public_entry_points()
+  missing = [f"{ns}.{n}" for ns, n in ENTRY_POINTS
+             if not any(t.examples for t in _examples(found[f"{ns}.{n}"]))]
+  assert not missing, f"no Examples: block in the docstrings of {missing}"
+
+
+@pytest.mark.parametrize("name", [n for n, obj in _public_entry_points().items()
+                                  if any(t.examples for t in _examples(obj))])
+def test_entry_point_examples_run(name):
+  _run_examples(name, _public_entry_points()[name])
