@@ -1,7 +1,8 @@
 """The ``Examples:`` blocks of the public docstrings run (doctest), so they cannot go stale:
-every public function of :mod:`linear_attention.ops` must have one, as must the entry points
-in ``ENTRY_POINTS`` (``SeqContext`` and the first calls into ``nn``, ``models``, ``hub``); any
-other public function or class of those namespaces with an example has it run too."""
+every public function of :mod:`linear_attention.ops` and of its feature maps must have one,
+as must the entry points in ``ENTRY_POINTS`` (``SeqContext`` and the first calls into ``nn``,
+``models``, ``hub``); any other public function or class of those namespaces with an example
+has it run too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import inspect
 import pytest
 
 from linear_attention import hub, models, nn, ops
+from linear_attention.ops import feature_maps
 
 # The first call a user makes into each layer of the package above ops.
 ENTRY_POINTS = (("ops", "SeqContext"), ("nn", "make_mixer"), ("models", "LanguageModel"),
@@ -19,9 +21,14 @@ NAMESPACES = {"ops": ops, "nn": nn, "models": models, "hub": hub}
 
 
 def _public_ops():
-  """Every function a user reaches as ``ops.<name>``: the ops, their steps and helpers."""
-  return {name: fn for name, fn in sorted(vars(ops).items())
-          if inspect.isfunction(fn) and not name.startswith("_")}
+  """Every function a user reaches as ``ops.<name>`` (the ops, their steps and helpers) and
+  the feature maps of ``ops.feature_maps`` (``feature_maps.<name>``)."""
+  found = {name: fn for name, fn in sorted(vars(ops).items())
+           if inspect.isfunction(fn) and not name.startswith("_")}
+  found.update({f"feature_maps.{name}": fn for name, fn in sorted(vars(feature_maps).items())
+                if inspect.isfunction(fn) and not name.startswith("_")
+                and fn.__module__ == feature_maps.__name__ and fn is not ops.random_projection})
+  return found
 
 
 def _examples(fn):
@@ -39,8 +46,9 @@ def _run_examples(name, obj):
 def test_public_ops_are_found():
   # Guards the collection itself: an empty or partial namespace scan would pass vacuously.
   names = _public_ops()
-  assert {"gla", "gla_step", "softmax_attention", "random_projection", "s4d_init"} <= set(names)
-  assert len(names) > 60, sorted(names)
+  assert {"gla", "gla_step", "softmax_attention", "random_projection", "s4d_init",
+          "feature_maps.apply_feature_map"} <= set(names)
+  assert len(names) > 70, sorted(names)
 
 
 def test_every_public_op_has_examples():
@@ -50,7 +58,7 @@ def test_every_public_op_has_examples():
 
 @pytest.mark.parametrize("name", sorted(_public_ops()))
 def test_docstring_examples_run(name):
-  _run_examples(name, getattr(ops, name))
+  _run_examples(name, _public_ops()[name])
 
 
 def _public_entry_points():
