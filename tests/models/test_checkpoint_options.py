@@ -31,22 +31,13 @@ def _copy_params(src, dst):
   nnx.update(dst, nnx.state(src, nnx.Param))
 
 
-def _decode_logits(model, tokens):
-  cache = model.init_cache(tokens.shape[0], tokens.shape[1])
-  out = []
-  for t in range(tokens.shape[1]):
-    logits, cache = model.decode_step(tokens[:, t], cache)
-    out.append(logits)
-  return jnp.stack(out, axis=1)
-
-
 def test_logit_soft_cap_caps_the_logits_forward_and_decoding():
   plain = _model()
   capped = _model(logit_soft_cap=0.5)
   _copy_params(plain, capped)
   want = 0.5 * np.tanh(np.asarray(plain(TOKENS)) / 0.5)
   helpers.assert_close(capped(TOKENS), want, 1e-5, 1e-6)
-  helpers.assert_close(_decode_logits(capped, TOKENS), want, 1e-4, 1e-5)
+  helpers.assert_close(helpers.decode_all(capped, TOKENS), want, 1e-4, 1e-5)
   assert np.max(np.abs(want)) < 0.5
 
 
