@@ -89,6 +89,16 @@ def grads_of(fn, args, argnums, cotangent_key=0):
   return jax.grad(loss, argnums=argnums)(*args)
 
 
+def decode_all(layer, x):
+  """Token-by-token outputs ``[B, T, ...]`` of a mixer or model ``layer`` through its cache."""
+  cache = layer.init_cache(x.shape[0], x.shape[1])
+  ys = []
+  for t in range(x.shape[1]):
+    y, cache = layer.decode_step(x[:, t], cache)
+    ys.append(y)
+  return jnp.stack(ys, axis=1)
+
+
 def load_experiment(name: str):
   """The script ``experiments/<folder>/<name>.py`` (script folders, not packages), loaded once."""
   import importlib.util

@@ -137,7 +137,7 @@ def unit_lower_inverse_rows(l):
 
 
 # Sub-chunk length of per-channel decays: the exact in-sub-chunk part costs one exp per
-# (pair, channel), S per token; 8 measured 10-15% faster than 16 for GLA at 4k on one core.
+# (pair, channel), S per token; 8 was the faster of 8 and 16 for GLA on CPU.
 _SUBCHUNK = 8
 
 
@@ -321,24 +321,9 @@ def intra_scores_by_diagonals(x, y, gc):
   plus ``dG = sum x dx - sum y dy`` (``G`` enters only as ``G_i - G_j``): no derivative
   through an ``exp``.
 
-  Why two implementations: neither is faster in every op. Whole-op CPU ms, forward /
-  forward+backward, B=1, H=4, K=V=64, T=4096, one thread, each op's default chunk, two runs
-  on a loaded 2-core machine (experiments/bench_scores.py; results/bench_scores_cpu*.json):
-
-  ================================  =====  =====================  =====================
-  op (row x column inputs)          chunk  intra_scores           by diagonals
-  ================================  =====  =====================  =====================
-  GLA (1 x 1)                       64     68 / 211, 79 / 227     60 / 209, 69 / 244
-  KDA (2 x 1, ``a = -k``)           32     113 / 384, 129 / 410   125 / 427, 126 / 470
-  Gated DeltaProduct (2 x 1, R=2)   64     292 / 999              318 / 973
-  RWKV-7 (2 x 2)                    32     202 / 584              169 / 579
-  ================================  =====  =====================  =====================
-
-  With 4-step sub-chunks at GLA's 64-step chunks (the length before
-  :func:`_diagonal_subchunk`), GLA's forward+backward was 263 ms against 209 with 8: that was
-  why GLA got slower with this function. Now the two agree within the machine's noise except
-  KDA's forward+backward (intra_scores 10-13% faster in both runs, but not DeltaProduct's);
-  GLA and log-linear keep :func:`intra_scores`, the DPLR engine this one.
+  Why two implementations: neither is faster for every op on CPU, so GLA and log-linear keep
+  :func:`intra_scores` and the DPLR engine uses this one (whole-op timings of both:
+  ``experiments/bench/bench_scores.py``, ``results/bench_scores_cpu*.json``).
   """
   s = _diagonal_subchunk(gc.shape[-2])
   return _diagonal_apply(x, y, *_diagonal_factors(gc, s))

@@ -55,6 +55,17 @@ class SeqContext:
       over as well; ``B`` must be divisible by their total size.
 
   Frozen and hashable, so it can be a static argument of ``jit``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> mesh = jax.make_mesh((len(jax.devices()),), ("seq",))  # every device on one axis
+    >>> ctx = ops.SeqContext(mesh, "seq")
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> log_g = jax.nn.log_sigmoid(jnp.full((1, 8, 2, 4), 2.0))
+    >>> o = ops.gla(q, k, v, log_g, context=ctx)  # T split over the devices
+    >>> bool(jnp.allclose(o, ops.gla(q, k, v, log_g), atol=1e-5))
+    True
   """
 
   mesh: Mesh | AbstractMesh

@@ -132,6 +132,21 @@ def save_pretrained(model: nnx.Module, path, *, config: Mapping[str, Any] | None
   Raises:
     ValueError: no config, an unsupported ``model_type``, or a model whose parameters the
       family's weight map does not cover exactly.
+
+  Examples:
+    >>> import tempfile
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from linear_attention import hub
+    >>> config = dict(model_type="mamba", vocab_size=64, hidden_size=16, state_size=4,
+    ...               num_hidden_layers=2, intermediate_size=32, time_step_rank=2)
+    >>> model = hub.family_of(config).build(config, rngs=nnx.Rngs(0))  # random weights
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...   hub.save_pretrained(model, path, config=config)  # config.json + model.safetensors
+    ...   loaded = hub.from_pretrained(path)
+    >>> tokens = jnp.array([[1, 2, 3]])
+    >>> bool(jnp.allclose(loaded(tokens), model(tokens)))
+    True
   """
   if config is None:
     config = getattr(model, "hub_config", None)

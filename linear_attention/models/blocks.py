@@ -27,35 +27,23 @@ from linear_attention.nn import registry
 Array = jax.Array
 
 
-class GLUMLP(nnx.Module):
-  """Gated MLP ``W_down(silu(W_gate x) * W_up x)`` (SwiGLU), hidden width ``hidden``."""
+class GLUMLP(MLP):
+  """Gated MLP ``W_down(silu(W_gate x) * W_up x)`` (SwiGLU): :class:`~nn.mlp.MLP` with silu."""
 
   def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
-    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.hidden = hidden
-    self.up = modules.dense(d_model, 2 * hidden, **kw)  # gate and up, one matmul
-    self.down = modules.dense(hidden, d_model, **kw)
-
-  def __call__(self, x: Array) -> Array:
-    """``[..., D] -> [..., D]``."""
-    gu = self.up(x)
-    return self.down(jax.nn.silu(gu[..., :self.hidden]) * gu[..., self.hidden:])
+    super().__init__(d_model, hidden, activation="silu", gated=True, rngs=rngs, dtype=dtype,
+                     param_dtype=param_dtype)
 
 
-class ReluSquaredMLP(nnx.Module):
-  """Plain MLP ``W_down(relu(W_up x)^2)`` (Nemotron-H, Primer's squared ReLU), width ``hidden``."""
+class ReluSquaredMLP(MLP):
+  """Plain MLP ``W_down(relu(W_up x)^2)`` (Nemotron-H, Primer's squared ReLU): an ungated
+  :class:`~nn.mlp.MLP`."""
 
   def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs, dtype=None,
                param_dtype=jnp.float32):
-    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.hidden = hidden
-    self.up = modules.dense(d_model, hidden, **kw)
-    self.down = modules.dense(hidden, d_model, **kw)
-
-  def __call__(self, x: Array) -> Array:
-    """``[..., D] -> [..., D]``."""
-    return self.down(jnp.square(jax.nn.relu(self.up(x))))
+    super().__init__(d_model, hidden, activation="relu2", gated=False, rngs=rngs, dtype=dtype,
+                     param_dtype=param_dtype)
 
 
 def _moe(d_model: int, hidden: int, **kwargs) -> moe_lib.MoE:

@@ -105,6 +105,17 @@ def generate(model: nnx.Module, prompt: Array, max_new_tokens: int, *, temperatu
       vocabulary (checked when the prompt is concrete), ``max_new_tokens < 1``, a negative
       or non-finite ``temperature``, ``top_k`` outside ``1 .. vocab_size``, no ``key``
       when sampling, or a ``mesh`` without a ``"data"`` axis dividing ``B``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from linear_attention.models import LanguageModel, generate
+    >>> model = LanguageModel(64, 16, mixer="gla", num_layers=2, num_heads=2, rngs=nnx.Rngs(0))
+    >>> out = generate(model, jnp.array([[1, 2, 3]]), 4, temperature=0)  # greedy
+    >>> out.shape  # the prompt, then 4 new tokens
+    (1, 7)
+    >>> out[:, :3].tolist()
+    [[1, 2, 3]]
   """
   if getattr(prompt, "ndim", None) != 2 or prompt.shape[1] < 1:
     raise ValueError(f"prompt must have shape [B, Tp] with Tp >= 1, got "

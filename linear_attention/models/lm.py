@@ -234,6 +234,22 @@ class LanguageModel(nnx.Module):
   ``__call__(tokens [B, T]) -> logits [B, T, V]``; generation via
   ``init_cache(batch, max_len)`` and ``decode_step(tokens [B], cache) ->
   (logits [B, V], cache)``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from linear_attention.models import LanguageModel
+    >>> # a hybrid: two GLA blocks, then softmax attention
+    >>> model = LanguageModel(64, 16, pattern="GGA", num_heads=2, rngs=nnx.Rngs(0))
+    >>> tokens = jnp.array([[1, 2, 3, 4]])
+    >>> logits = model(tokens)
+    >>> logits.shape  # [B, T, vocab]
+    (1, 4, 64)
+    >>> cache = model.init_cache(1, 4)
+    >>> for t in range(4):
+    ...   step_logits, cache = model.decode_step(tokens[:, t], cache)
+    >>> bool(jnp.allclose(step_logits, logits[:, 3], atol=1e-4))
+    True
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,

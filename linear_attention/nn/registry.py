@@ -209,6 +209,21 @@ def make_mixer(name: str, d_model: int, num_heads: int = 1, *, rngs: nnx.Rngs,
   Raises:
     ValueError: for an unknown ``name`` (listing the valid ones) or a keyword
       the layer does not take (naming it and listing the valid ones).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from linear_attention import nn
+    >>> layer = nn.make_mixer("gated_deltanet", 16, 2, rngs=nnx.Rngs(0))
+    >>> x = jax.random.normal(jax.random.key(0), (1, 5, 16))  # [B, T, D]
+    >>> y = layer(x)
+    >>> y.shape
+    (1, 5, 16)
+    >>> cache = layer.init_cache(1, 5)
+    >>> for t in range(5):  # decoding token by token gives the same outputs
+    ...   y_t, cache = layer.decode_step(x[:, t], cache)
+    >>> bool(jnp.allclose(y_t, y[:, 4], atol=1e-4))
+    True
   """
   s = spec(name)
   valid = mixer_kwargs(name)

@@ -73,6 +73,17 @@ def causal_conv1d(
     ``y`` ``[B, T, D]`` in the dtype of ``x``, or ``(y, state)`` with ``state``
     ``[B, W - 1, D]`` float32: the last ``W - 1`` inputs of the last segment
     (zeros where that segment is shorter).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x = jax.random.normal(jax.random.key(0), (1, 8, 3))  # [B, T, D]
+    >>> w = jax.random.normal(jax.random.key(1), (4, 3))  # [W, D], w[-1] for the current token
+    >>> y = ops.causal_conv1d(x, w)
+    >>> y.shape
+    (1, 8, 3)
+    >>> bool(jnp.allclose(y[:, 0], x[:, 0] * w[-1]))  # the first token sees only itself
+    True
   """
   common.check_rank("x", x, 3)
   w, d = _check_common("x", x, weight, bias, activation, 3)
@@ -196,6 +207,18 @@ def causal_conv1d_step(
   Returns:
     ``(y, new_state)``: ``y`` ``[B, D]`` in the dtype of ``x``, ``new_state``
     ``[B, W - 1, D]`` float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x = jax.random.normal(jax.random.key(0), (1, 8, 3))
+    >>> w = jax.random.normal(jax.random.key(1), (4, 3))
+    >>> _, state = ops.causal_conv1d(x[:, :7], w, return_state=True)
+    >>> y, state = ops.causal_conv1d_step(state, x[:, 7], w)
+    >>> y.shape, state.shape  # state: the last W - 1 inputs
+    ((1, 3), (1, 3, 3))
+    >>> bool(jnp.allclose(y, ops.causal_conv1d(x, w)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "[B, W - 1, D]", 3)
   common.check_rank("x", x, 2)

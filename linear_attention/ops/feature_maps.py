@@ -65,7 +65,13 @@ FEATURE_MAPS = DETERMINISTIC_MAPS + RANDOM_MAPS
 
 
 def default_num_features(dim: int) -> int:
-  """Performer's default ``m = d log d`` (at least ``d``)."""
+  """Performer's default ``m = d log d`` (at least ``d``).
+
+  Examples:
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> fm.default_num_features(64)  # d log d random features
+    266
+  """
   return max(dim, int(dim * math.log(dim))) if dim > 1 else 1
 
 
@@ -83,6 +89,16 @@ def random_projection(key: Array, num_features: int, dim: int, *, orthogonal: bo
 
   Returns:
     ``W`` of shape ``[num_features, dim]``, float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> w = ops.random_projection(jax.random.key(0), 8, 4, orthogonal=True)
+    >>> w.shape  # [num_features, dim]
+    (8, 4)
+    >>> gram = w[:4] @ w[:4].T  # each block of dim rows is orthogonal
+    >>> bool(jnp.allclose(gram, jnp.diag(jnp.diag(gram)), atol=1e-4))
+    True
   """
   common.check_positive_int("num_features", num_features)
   common.check_positive_int("dim", dim)
@@ -101,12 +117,26 @@ def random_projection(key: Array, num_features: int, dim: int, *, orthogonal: bo
 
 
 def elu_features(x: Array) -> Array:
-  """ELU(x) + 1 (Katharopoulos et al. 2020): positive, same width as ``x``."""
+  """ELU(x) + 1 (Katharopoulos et al. 2020): positive, same width as ``x``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> fm.elu_features(jnp.array([-1.0, 0.0, 2.0])).tolist()  # positive
+    [0.3678794503211975, 1.0, 3.0]
+  """
   return jax.nn.elu(x) + 1.0
 
 
 def relu_features(x: Array) -> Array:
-  """ReLU(x): non-negative, same width as ``x``."""
+  """ReLU(x): non-negative, same width as ``x``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> fm.relu_features(jnp.array([-1.0, 0.0, 2.0])).tolist()
+    [0.0, 0.0, 2.0]
+  """
   return jax.nn.relu(x)
 
 
@@ -119,6 +149,15 @@ def outer_features(x: Array) -> Array:
   Returns:
     ``[..., d (d + 1) / 2]``: ``x_i x_j`` for ``i <= j``, off-diagonal entries
     times ``sqrt(2)`` (each stands for the pair ``(i, j), (j, i)``).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> x, y = jax.random.normal(jax.random.key(0), (2, 4)) / 2
+    >>> fm.outer_features(x).shape  # d (d + 1) / 2
+    (10,)
+    >>> bool(jnp.allclose(fm.outer_features(x) @ fm.outer_features(y), (x @ y) ** 2))
+    True
   """
   d = x.shape[-1]
   rows, cols = np.triu_indices(d)
@@ -135,6 +174,16 @@ def taylor_features(x: Array) -> Array:
   Returns:
     ``[..., 1 + d + d (d + 1) / 2]`` features with
     ``phi(x).phi(y) = 1 + x.y / sqrt(d) + (x.y)^2 / (2 d)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> x, y = jax.random.normal(jax.random.key(0), (2, 4)) / 2
+    >>> fm.taylor_features(x).shape  # 1 + d + d (d + 1) / 2
+    (15,)
+    >>> u = x @ y / 2  # x.y / sqrt(d)
+    >>> bool(jnp.allclose(fm.taylor_features(x) @ fm.taylor_features(y), 1 + u + u ** 2 / 2))
+    True
   """
   d = x.shape[-1]
   ones = jnp.ones(x.shape[:-1] + (1,), x.dtype)
@@ -151,6 +200,13 @@ def squared_features(x: Array) -> Array:
   Returns:
     ``[..., d (d + 1) / 2]`` non-negative-kernel features (the ``1/d`` keeps
     the state's magnitude independent of ``d``; it cancels when normalised).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> x, y = jax.random.normal(jax.random.key(0), (2, 4)) / 2
+    >>> bool(jnp.allclose(fm.squared_features(x) @ fm.squared_features(y), (x @ y) ** 2 / 4))
+    True
   """
   return outer_features(x) * x.shape[-1] ** -0.5
 
@@ -159,6 +215,11 @@ def feature_width(name: str, dim: int, num_features: int | None = None) -> int:
   """The width ``F`` of ``apply_feature_map(name, x [..., dim])``.
 
   ``num_features`` is ``m`` for the random maps (their projection's rows).
+
+  Examples:
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> fm.feature_width("taylor", 16), fm.feature_width("performer_trig", 16, num_features=32)
+    (153, 64)
   """
   common.check_choice("feature_map", name, FEATURE_MAPS)
   if name == "taylor":
@@ -185,6 +246,14 @@ def affine_layer_norm(x: Array, gamma: Array, beta: Array, eps: float = 1e-5) ->
 
   Raises:
     ValueError: ``gamma`` or ``beta`` not ``[d]`` or ``[H, d]``, or not floating.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> x = jax.random.normal(jax.random.key(0), (5, 2, 4))  # [..., H, d]
+    >>> out = fm.affine_layer_norm(x, jnp.ones(4), jnp.zeros(4))
+    >>> bool(jnp.allclose(out.mean(-1), 0, atol=1e-6) and jnp.allclose(out.std(-1), 1, atol=1e-3))
+    True
   """
   h, d = x.shape[-2:]
   for name, p in (("gamma", gamma), ("beta", beta)):
@@ -211,6 +280,17 @@ def trig_features(x: Array, projection: Array, *, is_query: bool = False,
 
   Returns:
     ``[..., 2m]`` features.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> x, y = jax.random.normal(jax.random.key(0), (2, 4)) / 2
+    >>> w = fm.random_projection(jax.random.key(1), 4096, 4, orthogonal=True)
+    >>> fm.trig_features(x, w).shape  # [cos, sin]: 2m
+    (8192,)
+    >>> estimate = fm.trig_features(x, w) @ fm.trig_features(y, w)  # unbiased for exp(x.y)
+    >>> bool(jnp.abs(estimate - jnp.exp(x @ y)) < 0.1)
+    True
   """
   m = projection.shape[0]
   u = jnp.einsum("...d,md->...m", x, projection.astype(x.dtype))
@@ -229,6 +309,14 @@ def positive_log_features(x: Array, projection: Array) -> Array:
 
   Returns:
     ``[..., m]``; ``exp`` of it is :func:`positive_features` without stabiliser.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> x, y = jax.random.normal(jax.random.key(0), (2, 4)) / 2
+    >>> w = fm.random_projection(jax.random.key(1), 4096, 4, orthogonal=True)
+    >>> bool(jnp.allclose(jnp.exp(fm.positive_log_features(x, w)), fm.positive_features(x, w)))
+    True
   """
   m = projection.shape[0]
   u = jnp.einsum("...d,md->...m", x, projection.astype(x.dtype))
@@ -247,6 +335,17 @@ def positive_features(x: Array, projection: Array, *, is_query: bool = False,
 
   Returns:
     ``[..., m]`` positive features.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> x, y = jax.random.normal(jax.random.key(0), (2, 4)) / 2
+    >>> w = fm.random_projection(jax.random.key(1), 4096, 4, orthogonal=True)
+    >>> phi_x, phi_y = fm.positive_features(x, w), fm.positive_features(y, w)
+    >>> bool((phi_x > 0).all())
+    True
+    >>> bool(jnp.abs(phi_x @ phi_y - jnp.exp(x @ y)) < 0.1)  # unbiased for exp(x.y)
+    True
   """
   u = positive_log_features(x, projection)
   if is_query and stabilize:
@@ -263,6 +362,16 @@ def apply_feature_map(name: str, x: Array, *, projection: Array | None = None,
   ``identity``, ``1 + d + d (d + 1) / 2`` for ``taylor``, ``d (d + 1) / 2``
   for ``squared``, ``2m`` for ``performer_trig`` and ``m`` for the positive
   maps (:func:`feature_width`).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention.ops import feature_maps as fm
+    >>> x = jax.random.normal(jax.random.key(0), (1, 8, 2, 16))  # [B, T, H, d]
+    >>> fm.apply_feature_map("taylor", x).shape
+    (1, 8, 2, 153)
+    >>> w = fm.random_projection(jax.random.key(1), 32, 16, orthogonal=True)
+    >>> fm.apply_feature_map("favor+", x, projection=w).shape
+    (1, 8, 2, 32)
   """
   common.check_choice("feature_map", name, FEATURE_MAPS)
   if name == "taylor":

@@ -119,6 +119,13 @@ def init_forgetting_cache(batch: int, heads: int, max_len: int, key_dim: int,
   """An empty :class:`ForgettingCache` for up to ``max_len`` tokens.
 
   ``keys`` and ``values`` take ``dtype``; ``log_forget`` and ``total`` are float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> cache = ops.init_forgetting_cache(1, 2, max_len=8, key_dim=4, value_dim=4)
+    >>> cache.keys.shape, cache.values.shape
+    ((1, 8, 2, 4), (1, 8, 2, 4))
   """
   for name, x in (("batch", batch), ("heads", heads), ("max_len", max_len),
                   ("key_dim", key_dim), ("value_dim", value_dim)):

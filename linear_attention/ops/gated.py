@@ -91,6 +91,18 @@ def gla_step(state: Array, q: Array, k: Array, v: Array, log_g: Array, *,
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> log_g = jax.nn.log_sigmoid(jax.random.normal(jax.random.key(1), (1, 8, 2, 4)))
+    >>> _, state = ops.gla(q[:, :7], k[:, :7], v[:, :7], log_g[:, :7], return_state=True)
+    >>> o, state = ops.gla_step(state, q[:, 7], k[:, 7], v[:, 7], log_g[:, 7])
+    >>> o.shape, state.shape
+    ((1, 2, 4), (1, 2, 4, 4))
+    >>> bool(jnp.allclose(o, ops.gla(q, k, v, log_g)[:, 7], atol=1e-5))  # the sequence's last token
+    True
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, dk, _ = common.check_step_qkv(q, k, v)
@@ -106,6 +118,11 @@ def retnet_gammas(num_heads: int) -> Array:
 
   From ``h = 20`` on, ``gamma_h`` rounds to 1 in float32; :func:`retention`
   with ``gamma=None`` takes the logs in float64 and stays exact.
+
+  Examples:
+    >>> from linear_attention import ops
+    >>> ops.retnet_gammas(3).tolist()  # 1 - 2 ** (-5 - h)
+    [0.96875, 0.984375, 0.9921875]
   """
   common.check_positive_int("num_heads", num_heads)
   return jnp.asarray(1.0 - 2.0 ** (-5.0 - np.arange(num_heads)), jnp.float32)
@@ -172,6 +189,17 @@ def retention_step(state: Array, q: Array, k: Array, v: Array, *, gamma: Array |
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> _, state = ops.retention(q[:, :7], k[:, :7], v[:, :7], return_state=True)
+    >>> o, state = ops.retention_step(state, q[:, 7], k[:, 7], v[:, 7])
+    >>> o.shape, state.shape
+    ((1, 2, 4), (1, 2, 4, 4))
+    >>> bool(jnp.allclose(o, ops.retention(q, k, v)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, _, _ = common.check_step_qkv(q, k, v)
@@ -213,6 +241,17 @@ def hgrn2(q: Array, log_f: Array, v: Array, *, scale: float | None = 1.0,
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> log_f = jax.nn.log_sigmoid(jax.random.normal(jax.random.key(1), (1, 8, 2, 4)))
+    >>> o = ops.hgrn2(q, log_f, v)  # the key is 1 - f
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(o, ops.hgrn2(q, log_f, v, form="recurrent"), atol=1e-5))
+    True
   """
   b, t, h, dk, _ = common.check_qkv(q, q, v)
   common.check_log_decay(log_f, b, t, h, dk, name="log_f", per_head=False)
@@ -232,6 +271,18 @@ def hgrn2_step(state: Array, q: Array, log_f: Array, v: Array, *, scale: float |
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> log_f = jax.nn.log_sigmoid(jax.random.normal(jax.random.key(1), (1, 8, 2, 4)))
+    >>> _, state = ops.hgrn2(q[:, :7], log_f[:, :7], v[:, :7], return_state=True)
+    >>> o, state = ops.hgrn2_step(state, q[:, 7], log_f[:, 7], v[:, 7])
+    >>> o.shape
+    (1, 2, 4)
+    >>> bool(jnp.allclose(o, ops.hgrn2(q, log_f, v)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, dk, _ = common.check_step_qkv(q, q, v)
@@ -278,6 +329,18 @@ def rwkv6(r: Array, k: Array, v: Array, log_w: Array, u: Array, *, scale: float 
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``r``, or ``(o, state)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> log_w = -jnp.exp(jax.random.normal(jax.random.key(1), (1, 8, 2, 4)))
+    >>> u = jnp.full((2, 4), 0.5)  # the current token's bonus
+    >>> o = ops.rwkv6(q, k, v, log_w, u)
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(o, ops.rwkv6(q, k, v, log_w, u, form="parallel"), atol=1e-5))
+    True
   """
   b, t, h, dk, _ = common.check_qkv(r, k, v, names=("r", "k", "v"))
   common.check_log_decay(log_w, b, t, h, dk, name="log_w", per_head=False)
@@ -322,6 +385,19 @@ def rwkv6_step(state: Array, r: Array, k: Array, v: Array, log_w: Array, u: Arra
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``r``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> log_w = -jnp.exp(jax.random.normal(jax.random.key(1), (1, 8, 2, 4)))
+    >>> u = jnp.full((2, 4), 0.5)
+    >>> _, state = ops.rwkv6(q[:, :7], k[:, :7], v[:, :7], log_w[:, :7], u, return_state=True)
+    >>> o, state = ops.rwkv6_step(state, q[:, 7], k[:, 7], v[:, 7], log_w[:, 7], u)
+    >>> o.shape
+    (1, 2, 4)
+    >>> bool(jnp.allclose(o, ops.rwkv6(q, k, v, log_w, u)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
   b, h, dk, _ = common.check_step_qkv(r, k, v, names=("r", "k", "v"))
@@ -421,6 +497,19 @@ def ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, D: Array | None = Non
   Returns:
     ``y`` ``[batch, T, H, P]`` in the dtype of ``x``, or ``(y, state)`` with
     the state ``[batch, H, N, P]`` in float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x = jax.random.normal(jax.random.key(0), (1, 8, 2, 4))  # [batch, T, H, P]
+    >>> dt = jax.nn.softplus(jax.random.normal(jax.random.key(1), (1, 8, 2)))
+    >>> A = -jnp.array([1.0, 2.0])
+    >>> B, C = jax.random.normal(jax.random.key(2), (2, 1, 8, 1, 3))  # one group, N = 3
+    >>> y = ops.ssd(x, dt, A, B, C)
+    >>> y.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(y, ops.ssd(x, dt, A, B, C, form="recurrent"), atol=1e-5))
+    True
   """
   common.check_rank("x", x, 4)
   common.check_seq_len(x.shape[1], "axis 1 of x")
@@ -446,6 +535,20 @@ def ssd_step(state: Array, x: Array, dt: Array, A: Array, B: Array, C: Array,
 
   Returns:
     ``(y, new_state)``: ``y`` ``[batch, H, P]`` in the dtype of ``x``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x = jax.random.normal(jax.random.key(0), (1, 8, 2, 4))  # [batch, T, H, P]
+    >>> dt = jax.nn.softplus(jax.random.normal(jax.random.key(1), (1, 8, 2)))
+    >>> A = -jnp.array([1.0, 2.0])
+    >>> B, C = jax.random.normal(jax.random.key(2), (2, 1, 8, 1, 3))  # one group, N = 3
+    >>> _, state = ops.ssd(x[:, :7], dt[:, :7], A, B[:, :7], C[:, :7], return_state=True)
+    >>> y, state = ops.ssd_step(state, x[:, 7], dt[:, 7], A, B[:, 7], C[:, 7])
+    >>> y.shape, state.shape  # state [batch, H, N, P]
+    ((1, 2, 4), (1, 2, 3, 4))
+    >>> bool(jnp.allclose(y, ops.ssd(x, dt, A, B, C)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "[batch, H, N, P]", 4)
   common.check_rank("x", x, 3)

@@ -201,6 +201,16 @@ def linear_attention(
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> o = ops.linear_attention(q, k, v, feature_map="elu")  # causal, normalised
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(o, ops.linear_attention(q, k, v, form="parallel"), atol=1e-5))
+    True
   """
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_segment_ids(segment_ids, b, t)
@@ -303,6 +313,17 @@ def linear_attention_step(
 
   Returns:
     ``(o, new_state)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> _, state = ops.linear_attention(q[:, :7], k[:, :7], v[:, :7], return_state=True)
+    >>> o, state = ops.linear_attention_step(state, q[:, 7], k[:, 7], v[:, 7])
+    >>> o.shape
+    (1, 2, 4)
+    >>> bool(jnp.allclose(o, ops.linear_attention(q, k, v)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "[B, H, F, V + 1]", 4)
   b, h, _, dv = common.check_step_qkv(q, k, v)
@@ -361,6 +382,18 @@ def rebased_attention(
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> gamma, beta = jnp.ones(4), jnp.zeros(4)  # the feature LayerNorm's parameters
+    >>> o = ops.rebased_attention(q, k, v, gamma, beta)
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> o_parallel = ops.rebased_attention(q, k, v, gamma, beta, form="parallel")
+    >>> bool(jnp.allclose(o, o_parallel, atol=1e-5))
+    True
   """
   common.check_qkv(q, k, v)
   qn, kn = _rebased_qk(q, k, gamma, beta, norm_eps)
@@ -380,6 +413,19 @@ def rebased_attention_step(state: Array, q: Array, k: Array, v: Array, gamma: Ar
 
   Returns:
     ``(o, new_state)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> gamma, beta = jnp.ones(4), jnp.zeros(4)
+    >>> _, state = ops.rebased_attention(q[:, :7], k[:, :7], v[:, :7], gamma, beta,
+    ...                                  return_state=True)
+    >>> o, state = ops.rebased_attention_step(state, q[:, 7], k[:, 7], v[:, 7], gamma, beta)
+    >>> o.shape, state.shape  # D (D + 1) / 2 features, V + 1 columns (the normaliser)
+    ((1, 2, 4), (1, 2, 10, 5))
+    >>> bool(jnp.allclose(o, ops.rebased_attention(q, k, v, gamma, beta)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "[B, H, F, V + 1]", 4)
   common.check_step_qkv(q, k, v)

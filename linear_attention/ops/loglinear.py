@@ -535,6 +535,19 @@ def loglinear_decay_attention(q: Array, k: Array, v: Array, log_decay: Array | N
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, (S, position))``
     for the last segment, float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> lw = jax.nn.softmax(jax.random.normal(jax.random.key(2), (1, 8, 2, 4)), -1)  # L = 4 levels
+    >>> log_a = jax.nn.log_sigmoid(jax.random.normal(jax.random.key(1), (1, 8, 2)))  # per head
+    >>> o = ops.loglinear_decay_attention(q, k, v, log_a, lw)
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(o, ops.loglinear_decay_attention(q, k, v, log_a, lw, form="recurrent"),
+    ...                   atol=1e-5))
+    True
   """
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   common.check_log_decay(log_decay, b, t, h, dk)
@@ -581,6 +594,20 @@ def loglinear_decay_step(state: tuple[Array, Array], q: Array, k: Array, v: Arra
 
   Returns:
     ``(o, new_state)``: ``o`` ``[B, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> lw = jax.nn.softmax(jax.random.normal(jax.random.key(2), (1, 8, 2, 4)), -1)  # L = 4 levels
+    >>> log_a = jax.nn.log_sigmoid(jax.random.normal(jax.random.key(1), (1, 8, 2)))
+    >>> _, state = ops.loglinear_decay_attention(q[:, :7], k[:, :7], v[:, :7], log_a[:, :7],
+    ...                                          lw[:, :7], return_state=True)
+    >>> o, state = ops.loglinear_decay_step(state, q[:, 7], k[:, 7], v[:, 7], log_a[:, 7], lw[:, 7])
+    >>> o.shape, state[0].shape  # levels [B, H, L, K, V]
+    ((1, 2, 4), (1, 2, 4, 4, 4))
+    >>> bool(jnp.allclose(o, ops.loglinear_decay_attention(q, k, v, log_a, lw)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "(S [B, H, L, K, V], position [B])", 5, 1)
   b, h, dk, dv = common.check_step_qkv(q, k, v)
@@ -600,7 +627,15 @@ def loglinear_decay_step(state: tuple[Array, Array], q: Array, k: Array, v: Arra
 
 
 def init_loglinear_state(batch: int, heads: int, levels: int, key_dim: int, value_dim: int):
-  """A fresh state ``(S [B, H, L, K, V], position [B])``: float32 zeros."""
+  """A fresh state ``(S [B, H, L, K, V], position [B])``: float32 zeros.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> S, position = ops.init_loglinear_state(1, 2, 4, 3, 5)
+    >>> S.shape, position.shape  # [B, H, L, K, V], [B]
+    ((1, 2, 4, 3, 5), (1,))
+  """
   for name, x in (("batch", batch), ("heads", heads), ("levels", levels),
                   ("key_dim", key_dim), ("value_dim", value_dim)):
     common.check_positive_int(name, x)
@@ -633,6 +668,20 @@ def loglinear_ssd(x: Array, dt: Array, A: Array, B: Array, C: Array, level_weigh
 
   Returns:
     ``y`` ``[batch, T, H, P]`` in the dtype of ``x``, or ``(y, state)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x = jax.random.normal(jax.random.key(0), (1, 8, 2, 4))  # [batch, T, H, P]
+    >>> dt = jax.nn.softplus(jax.random.normal(jax.random.key(1), (1, 8, 2)))
+    >>> A = -jnp.array([1.0, 2.0])
+    >>> B, C = jax.random.normal(jax.random.key(2), (2, 1, 8, 1, 3))  # one group, N = 3
+    >>> lw = jax.nn.softmax(jax.random.normal(jax.random.key(2), (1, 8, 2, 4)), -1)  # L = 4 levels
+    >>> y = ops.loglinear_ssd(x, dt, A, B, C, lw)
+    >>> y.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(y, ops.loglinear_ssd(x, dt, A, B, C, lw, form="recurrent"), atol=1e-5))
+    True
   """
   common.check_rank("x", x, 4)
   common.check_seq_len(x.shape[1], "axis 1 of x")
@@ -659,6 +708,22 @@ def loglinear_ssd_step(state: tuple[Array, Array], x: Array, dt: Array, A: Array
 
   Returns:
     ``(y, new_state)``: ``y`` ``[batch, H, P]`` in the dtype of ``x``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x = jax.random.normal(jax.random.key(0), (1, 8, 2, 4))  # [batch, T, H, P]
+    >>> dt = jax.nn.softplus(jax.random.normal(jax.random.key(1), (1, 8, 2)))
+    >>> A = -jnp.array([1.0, 2.0])
+    >>> B, C = jax.random.normal(jax.random.key(2), (2, 1, 8, 1, 3))  # one group, N = 3
+    >>> lw = jax.nn.softmax(jax.random.normal(jax.random.key(2), (1, 8, 2, 4)), -1)  # L = 4 levels
+    >>> _, state = ops.loglinear_ssd(x[:, :7], dt[:, :7], A, B[:, :7], C[:, :7], lw[:, :7],
+    ...                               return_state=True)
+    >>> y, state = ops.loglinear_ssd_step(state, x[:, 7], dt[:, 7], A, B[:, 7], C[:, 7], lw[:, 7])
+    >>> y.shape
+    (1, 2, 4)
+    >>> bool(jnp.allclose(y, ops.loglinear_ssd(x, dt, A, B, C, lw)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "(S [batch, H, L, N, P], position [batch])", 5, 1)
   common.check_rank("x", x, 3)
@@ -681,6 +746,18 @@ def loglinear_gla(q: Array, k: Array, v: Array, log_g: Array, level_weights: Arr
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> lw = jax.nn.softmax(jax.random.normal(jax.random.key(2), (1, 8, 2, 4)), -1)  # L = 4 levels
+    >>> log_g = jax.nn.log_sigmoid(jax.random.normal(jax.random.key(1), (1, 8, 2, 4)))
+    >>> o = ops.loglinear_gla(q, k, v, log_g, lw)
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(o, ops.loglinear_gla(q, k, v, log_g, lw, form="parallel"), atol=1e-5))
+    True
   """
   b, t, h, dk, _ = common.check_qkv(q, k, v)
   common.check_log_decay(log_g, b, t, h, dk, name="log_g", per_head=False)
@@ -693,7 +770,22 @@ def loglinear_gla(q: Array, k: Array, v: Array, log_g: Array, level_weights: Arr
 def loglinear_gla_step(state: tuple[Array, Array], q: Array, k: Array, v: Array, log_g: Array,
                        level_weights: Array, *, scale: float | None = None):
   """One decoding step of :func:`loglinear_gla`: the state as in
-  :func:`loglinear_decay_step`, ``log_g [B, H, K]``, ``level_weights [B, H, L]``."""
+  :func:`loglinear_decay_step`, ``log_g [B, H, K]``, ``level_weights [B, H, L]``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> lw = jax.nn.softmax(jax.random.normal(jax.random.key(2), (1, 8, 2, 4)), -1)  # L = 4 levels
+    >>> log_g = jax.nn.log_sigmoid(jax.random.normal(jax.random.key(1), (1, 8, 2, 4)))
+    >>> state = ops.init_loglinear_state(1, 2, 4, 4, 4)
+    >>> for t in range(8):
+    ...   o, state = ops.loglinear_gla_step(state, q[:, t], k[:, t], v[:, t], log_g[:, t], lw[:, t])
+    >>> o.shape
+    (1, 2, 4)
+    >>> bool(jnp.allclose(o, ops.loglinear_gla(q, k, v, log_g, lw)[:, 7], atol=1e-5))
+    True
+  """
   common.check_step_state_first(state, "(S [B, H, L, K, V], position [B])", 5, 1)
   b, h, dk, _ = common.check_step_qkv(q, k, v)
   common.check_log_decay(log_g, b, h, dk, name="log_g", per_head=False)

@@ -51,6 +51,17 @@ def linformer_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``; projections and softmax are
     accumulated in float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> E, F = jax.random.normal(jax.random.key(1), (2, 3, 8)) / 8 ** 0.5  # [P, T]
+    >>> o = ops.linformer_attention(q, k, v, E, F)  # bidirectional
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.isfinite(o).all())
+    True
   """
   _, t, _, dk, _ = common.check_attention(q, k, v, None)
   if causal:

@@ -103,6 +103,17 @@ def rg_lru(
   Returns:
     ``h`` ``[B, T, D]`` in the dtype of ``x``, or ``(h, state)`` with ``state``
     ``[B, D]`` float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x, gate_r, gate_i = jax.random.normal(jax.random.key(0), (3, 1, 8, 3))  # [B, T, D]
+    >>> lam = jnp.full((3,), 2.0)  # a = sigmoid(lam) ** (c r)
+    >>> h = ops.rg_lru(x, gate_r, gate_i, lam)
+    >>> h.shape
+    (1, 8, 3)
+    >>> bool(jnp.allclose(h, ops.rg_lru(x, gate_r, gate_i, lam, form="recurrent"), atol=1e-5))
+    True
   """
   common.check_rank("x", x, 3)
   _check(x, gate_r, gate_i, log_lambda_param, c)
@@ -156,6 +167,18 @@ def rg_lru_step(
   Returns:
     ``(h, new_state)``: ``h`` ``[B, D]`` in the dtype of ``x``, ``new_state``
     ``[B, D]`` float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x, gate_r, gate_i = jax.random.normal(jax.random.key(0), (3, 1, 8, 3))
+    >>> lam = jnp.full((3,), 2.0)
+    >>> _, state = ops.rg_lru(x[:, :7], gate_r[:, :7], gate_i[:, :7], lam, return_state=True)
+    >>> h, state = ops.rg_lru_step(state, x[:, 7], gate_r[:, 7], gate_i[:, 7], lam)
+    >>> h.shape, state.shape
+    ((1, 3), (1, 3))
+    >>> bool(jnp.allclose(h, ops.rg_lru(x, gate_r, gate_i, lam)[:, 7], atol=1e-5))
+    True
   """
   common.check_rank("x", x, 2)
   _check(x, gate_r, gate_i, log_lambda_param, c)

@@ -114,6 +114,16 @@ def sliding_window_attention(
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> o = ops.sliding_window_attention(q, k, v, window=8)  # a window as long as the sequence
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(o, ops.softmax_attention(q, k, v, causal=True), atol=1e-5))
+    True
   """
   _, _, _, dk, _ = common.check_attention(q, k, v, segment_ids)
   common.check_positive_int("window", window)
@@ -184,7 +194,15 @@ class SlidingWindowCache(NamedTuple):
 
 def init_sliding_window_cache(batch: int, heads: int, window: int, key_dim: int,
                               value_dim: int, dtype=jnp.float32) -> SlidingWindowCache:
-  """An empty :class:`SlidingWindowCache` (``keys [B, W, H, K]``, ``values [B, W, H, V]``)."""
+  """An empty :class:`SlidingWindowCache` (``keys [B, W, H, K]``, ``values [B, W, H, V]``).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> cache = ops.init_sliding_window_cache(1, 2, window=3, key_dim=4, value_dim=4)
+    >>> cache.keys.shape, cache.values.shape  # [B, W, H, K], [B, W, H, V]
+    ((1, 3, 2, 4), (1, 3, 2, 4))
+  """
   for name, x in (("batch", batch), ("heads", heads), ("window", window),
                   ("key_dim", key_dim), ("value_dim", value_dim)):
     common.check_positive_int(name, x)
@@ -209,6 +227,18 @@ def sliding_window_step(cache: SlidingWindowCache, q: Array, k: Array, v: Array,
 
   Returns:
     ``(o, new_cache)`` with ``o`` ``[B, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> cache = ops.init_sliding_window_cache(1, 2, window=3, key_dim=4, value_dim=4)
+    >>> for t in range(8):
+    ...   o, cache = ops.sliding_window_step(cache, q[:, t], k[:, t], v[:, t], window=3)
+    >>> o.shape
+    (1, 2, 4)
+    >>> bool(jnp.allclose(o, ops.sliding_window_attention(q, k, v, window=3)[:, 7], atol=1e-5))
+    True
   """
   if not isinstance(cache, SlidingWindowCache):
     raise ValueError(
@@ -297,6 +327,17 @@ def longformer_attention(
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> global_mask = jnp.zeros((1, 8), bool).at[:, 0].set(True)  # token 0 is global
+    >>> o = ops.longformer_attention(q, k, v, global_mask, window=3)
+    >>> o.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(o[:, 0], ops.softmax_attention(q, k, v)[:, 0], atol=1e-5))  # sees all
+    True
   """
   b, t, _, dk, _ = common.check_attention(q, k, v, segment_ids)
   common.check_positive_int("window", window)
@@ -408,6 +449,16 @@ def bigbird_pattern(num_blocks: int, *, key: Array, num_window_blocks: int = 3,
 
   Returns:
     A :class:`BigBirdPattern`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> p = ops.bigbird_pattern(6, key=jax.random.key(0), num_window_blocks=3,
+    ...                        num_random_blocks=1, num_global_blocks=1)
+    >>> p.block_ids.shape, p.matrix.shape  # [N, w + r + g], [N, N]
+    ((6, 5), (6, 6))
+    >>> bool(p.matrix[0].all() and p.matrix[:, 0].all())  # block 0 is global
+    True
   """
   common.check_positive_int("num_blocks", num_blocks)
   _check_bigbird_counts(num_window_blocks, num_random_blocks, num_global_blocks)
@@ -482,6 +533,17 @@ def bigbird_attention(
 
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 16, 2, 4))
+    >>> o = ops.bigbird_attention(q, k, v, block_size=2, key=jax.random.key(1))
+    >>> o.shape
+    (1, 16, 2, 4)
+    >>> full = ops.softmax_attention(q, k, v)
+    >>> bool(jnp.allclose(o[:, :4], full[:, :4], atol=1e-5))  # the global blocks' rows
+    True
   """
   b, t, h, dk, dv = common.check_attention(q, k, v, segment_ids)
   common.check_positive_int("block_size", block_size)

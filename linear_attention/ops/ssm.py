@@ -75,6 +75,15 @@ def s4d_init(kind: str, state_size: int, channels: int | None = None,
 
   Returns:
     ``(A_real, A_imag)``, each ``[N]`` or ``[D, N]``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> A_re, A_im = ops.s4d_init("lin", 4, channels=3)  # S4D-Lin: -1/2 + i pi n
+    >>> A_re.shape, A_im.shape
+    ((3, 4), (3, 4))
+    >>> A_re[0].tolist(), A_im[0, :2].tolist()
+    ([-0.5, -0.5, -0.5, -0.5], [0.0, 3.1415927410125732])
   """
   common.check_choice("kind", kind, S4D_INITS)
   common.check_positive_int("state_size", state_size)
@@ -94,7 +103,17 @@ def s4d_init(kind: str, state_size: int, channels: int | None = None,
 
 def s4d_log_dt_init(key: Array, channels: int, dt_min: float = 1e-3, dt_max: float = 1e-1,
                     dtype=jnp.float32) -> Array:
-  """``[D]`` log steps drawn log-uniformly in ``[dt_min, dt_max]``, as in S4D."""
+  """``[D]`` log steps drawn log-uniformly in ``[dt_min, dt_max]``, as in S4D.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> log_dt = ops.s4d_log_dt_init(jax.random.key(0), 3, dt_min=1e-3, dt_max=1e-1)
+    >>> log_dt.shape
+    (3,)
+    >>> bool(((jnp.exp(log_dt) >= 1e-3) & (jnp.exp(log_dt) <= 1e-1)).all())
+    True
+  """
   u = jax.random.uniform(key, (channels,), jnp.float32)
   return (u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).astype(dtype)
 
@@ -145,6 +164,19 @@ def s4d_discretize(A_real: Array, A_imag: Array, B: Array, log_dt: Array):
 
   Returns:
     ``(dtA, Bbar)``, complex ``[D, N]``: ``Bbar = (exp(dt A) - 1) / A * B``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> A_re, A_im = ops.s4d_init("lin", 4, channels=3)  # [D, N]
+    >>> B = jnp.ones((3, 4))
+    >>> C = jax.random.normal(jax.random.key(1), (3, 4))
+    >>> log_dt = ops.s4d_log_dt_init(jax.random.key(2), 3)
+    >>> dtA, Bbar = ops.s4d_discretize(A_re, A_im, B, log_dt)
+    >>> dtA.shape, Bbar.shape  # complex [D, N]; Abar = exp(dtA)
+    ((3, 4), (3, 4))
+    >>> bool((jnp.abs(jnp.exp(dtA)) < 1).all())  # a stable recurrence
+    True
   """
   cdt = _complex_dtype(A_real.dtype, log_dt.dtype)
   dt = jnp.exp(log_dt.astype(jnp.finfo(cdt).dtype))[:, None]
@@ -162,6 +194,20 @@ def s4d_kernel(A_real: Array, A_imag: Array, B: Array, C: Array, log_dt: Array,
 
   Returns:
     ``[D, L]`` real kernel (float32, or float64 for float64 parameters).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> A_re, A_im = ops.s4d_init("lin", 4, channels=3)  # [D, N]
+    >>> B = jnp.ones((3, 4))
+    >>> C = jax.random.normal(jax.random.key(1), (3, 4))
+    >>> log_dt = ops.s4d_log_dt_init(jax.random.key(2), 3)
+    >>> K = ops.s4d_kernel(A_re, A_im, B, C, log_dt, 8)
+    >>> K.shape  # [D, L]
+    (3, 8)
+    >>> impulse = jnp.zeros((1, 8, 3)).at[:, 0].set(1.0)
+    >>> bool(jnp.allclose(ops.s4d(impulse, A_re, A_im, B, C, log_dt)[0].T, K, atol=1e-5))
+    True
   """
   dtA, bbar = s4d_discretize(A_real, A_imag, B, log_dt)
   return _kernel(dtA, bbar * C.astype(bbar.dtype), length)
@@ -233,6 +279,20 @@ def s4d(
   Returns:
     ``y`` ``[B, T, D]`` in the dtype of ``u``, or ``(y, state)`` with ``state``
     ``[B, D, N]`` complex64 (complex128 for float64 inputs).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> A_re, A_im = ops.s4d_init("lin", 4, channels=3)  # [D, N]
+    >>> B = jnp.ones((3, 4))
+    >>> C = jax.random.normal(jax.random.key(1), (3, 4))
+    >>> log_dt = ops.s4d_log_dt_init(jax.random.key(2), 3)
+    >>> u = jax.random.normal(jax.random.key(0), (1, 8, 3))  # [B, T, D]
+    >>> y = ops.s4d(u, A_re, A_im, B, C, log_dt)  # FFT convolution
+    >>> y.shape
+    (1, 8, 3)
+    >>> bool(jnp.allclose(y, ops.s4d(u, A_re, A_im, B, C, log_dt, form="recurrent"), atol=1e-5))
+    True
   """
   common.check_rank("u", u, 3)
   common.check_float("u", u)
@@ -335,6 +395,21 @@ def s4d_step(
   Returns:
     ``(y, new_state)``: ``y`` ``[B, D]`` in the dtype of ``u``, ``new_state``
     ``[B, D, N]`` complex.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> A_re, A_im = ops.s4d_init("lin", 4, channels=3)  # [D, N]
+    >>> B = jnp.ones((3, 4))
+    >>> C = jax.random.normal(jax.random.key(1), (3, 4))
+    >>> log_dt = ops.s4d_log_dt_init(jax.random.key(2), 3)
+    >>> u = jax.random.normal(jax.random.key(0), (1, 8, 3))
+    >>> _, state = ops.s4d(u[:, :7], A_re, A_im, B, C, log_dt, return_state=True)
+    >>> y, state = ops.s4d_step(state, u[:, 7], A_re, A_im, B, C, log_dt)
+    >>> y.shape, state.dtype
+    ((1, 3), dtype('complex64'))
+    >>> bool(jnp.allclose(y, ops.s4d(u, A_re, A_im, B, C, log_dt)[:, 7], atol=1e-5))
+    True
   """
   common.check_rank("u", u, 2)
   common.check_float("u", u)
@@ -486,6 +561,18 @@ def selective_scan(
   Returns:
     ``y`` ``[B, T, D]`` in the dtype of ``x``, or ``(y, state)`` with ``state``
     ``[B, D, N]`` float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x, dt = jax.random.normal(jax.random.key(0), (2, 1, 8, 3))  # [B, T, D]
+    >>> A = -jnp.ones((3, 4))  # [D, N]
+    >>> B, C = jax.random.normal(jax.random.key(1), (2, 1, 8, 4))  # [B, T, N]
+    >>> y = ops.selective_scan(x, dt, A, B, C)
+    >>> y.shape
+    (1, 8, 3)
+    >>> bool(jnp.allclose(y, ops.selective_scan(x, dt, A, B, C, form="chunk"), atol=1e-5))
+    True
   """
   common.check_rank("x", x, 3)
   d, n, _ = _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
@@ -639,6 +726,19 @@ def selective_scan_step(
   Returns:
     ``(y, new_state)``: ``y`` ``[B, D]`` in the dtype of ``x``, ``new_state``
     ``[B, D, N]`` float32.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> x, dt = jax.random.normal(jax.random.key(0), (2, 1, 8, 3))  # [B, T, D]
+    >>> A = -jnp.ones((3, 4))  # [D, N]
+    >>> B, C = jax.random.normal(jax.random.key(1), (2, 1, 8, 4))  # [B, T, N]
+    >>> _, state = ops.selective_scan(x[:, :7], dt[:, :7], A, B[:, :7], C[:, :7], return_state=True)
+    >>> y, state = ops.selective_scan_step(state, x[:, 7], dt[:, 7], A, B[:, 7], C[:, 7])
+    >>> y.shape, state.shape  # state [B, D, N]
+    ((1, 3), (1, 3, 4))
+    >>> bool(jnp.allclose(y, ops.selective_scan(x, dt, A, B, C)[:, 7], atol=1e-5))
+    True
   """
   common.check_rank("x", x, 2)
   d, n, _ = _check_selective(x, dt, A, B, C, D, z, dt_bias, dt_softplus)

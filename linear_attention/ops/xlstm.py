@@ -203,6 +203,17 @@ def mlstm(q: Array, k: Array, v: Array, i_gate: Array, f_gate: Array, *,
   Returns:
     ``h`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(h, (C, n, m))`` with
     the float32 state of the last segment.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> i_gate, f_gate = jax.random.normal(jax.random.key(1), (2, 1, 8, 2))  # [B, T, H]
+    >>> h = ops.mlstm(q, k, v, i_gate, f_gate)
+    >>> h.shape
+    (1, 8, 2, 4)
+    >>> bool(jnp.allclose(h, ops.mlstm(q, k, v, i_gate, f_gate, form="recurrent"), atol=1e-5))
+    True
   """
   b, t, h, dk, dv = common.check_qkv(q, k, v)
   _check_gates(i_gate, f_gate, (b, t, h), forget_gate)
@@ -291,6 +302,19 @@ def mlstm_step(state: tuple[Array, Array, Array], q: Array, k: Array, v: Array, 
   Returns:
     ``(h, new_state)``: ``h`` ``[B, H, V]`` in the dtype of ``q``, the state
     in its own dtype.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 8, 2, 4))
+    >>> i_gate, f_gate = jax.random.normal(jax.random.key(1), (2, 1, 8, 2))  # [B, T, H]
+    >>> state = ops.init_mlstm_state(1, 2, 4, 4)
+    >>> for t in range(8):
+    ...   h, state = ops.mlstm_step(state, q[:, t], k[:, t], v[:, t], i_gate[:, t], f_gate[:, t])
+    >>> h.shape
+    (1, 2, 4)
+    >>> bool(jnp.allclose(h, ops.mlstm(q, k, v, i_gate, f_gate)[:, 7], atol=1e-5))
+    True
   """
   common.check_step_state_first(state, "(C [B, H, K, V], n [B, H, K], m [B, H])", 4, 3, 2)
   b, h, dk, dv = common.check_step_qkv(q, k, v)
@@ -310,7 +334,17 @@ def init_mlstm_state(batch: int, heads: int, key_dim: int, value_dim: int,
                      initial_m: float = -np.inf):
   """A fresh mLSTM state: ``(C [B, H, K, V], n [B, H, K], m [B, H])`` float32, ``C`` and
   ``n`` zero and ``m = initial_m`` (``-inf`` by default; xLSTM-7B's is ``0``, see the
-  module doc)."""
+  module doc).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from linear_attention import ops
+    >>> C, n, m = ops.init_mlstm_state(1, 2, 4, 3)
+    >>> C.shape, n.shape, m.shape
+    ((1, 2, 4, 3), (1, 2, 4), (1, 2))
+    >>> bool(jnp.isneginf(m).all())  # the stabiliser of an empty memory
+    True
+  """
   for name, x in (("batch", batch), ("heads", heads), ("key_dim", key_dim),
                   ("value_dim", value_dim)):
     common.check_positive_int(name, x)

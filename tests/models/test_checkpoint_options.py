@@ -13,6 +13,7 @@ from flax import nnx
 from linear_attention.models.blocks import Block, LayerSpec
 from linear_attention.models.lm import LanguageModel
 from linear_attention.nn import attention, modules
+from linear_attention.nn import mlp as nn_mlp
 from tests import helpers
 
 V, D = 32, 16
@@ -30,22 +31,13 @@ def _copy_params(src, dst):
   nnx.update(dst, nnx.state(src, nnx.Param))
 
 
-def _decode_logits(model, tokens):
-  cache = model.init_cache(tokens.shape[0], tokens.shape[1])
-  out = []
-  for t in range(tokens.shape[1]):
-    logits, cache = model.decode_step(tokens[:, t], cache)
-    out.append(logits)
-  return jnp.stack(out, axis=1)
-
-
 def test_logit_soft_cap_caps_the_logits_forward_and_decoding():
   plain = _model()
   capped = _model(logit_soft_cap=0.5)
   _copy_params(plain, capped)
   want = 0.5 * np.tanh(np.asarray(plain(TOKENS)) / 0.5)
   helpers.assert_close(capped(TOKENS), want, 1e-5, 1e-6)
-  helpers.assert_close(_decode_logits(capped, TOKENS), want, 1e-4, 1e-5)
+  helpers.assert_close(helpers.decode_all(capped, TOKENS), want, 1e-4, 1e-5)
   assert np.max(np.abs(want)) < 0.5
 
 
@@ -89,6 +81,21 @@ def test_geglu_bias_mlp_is_its_formula():
   gu = x @ mlp.up.kernel[...] + mlp.up.bias[...]
   want = (jax.nn.gelu(gu[:, :8], approximate=True) * gu[:, 8:]) @ mlp.down.kernel[...] \
       + mlp.down.bias[...]
+  helpers.assert_close(mlp(x), want, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("kind, act, gated", [
+    ("swiglu", jax.nn.silu, True), ("relu2", lambda h: jnp.square(jax.nn.relu(h)), False)])
+def test_block_mlp_kinds_are_nn_mlp_with_the_checkpoint_layout(kind, act, gated):
+  # The hub's weight maps write "up" (gate columns first) and "down" without biases.
+  mlp = Block(D, None, 1, mlp=kind, hidden=8, rngs=nnx.Rngs(0)).mlp
+  assert isinstance(mlp, nn_mlp.MLP)
+  params = nnx.to_flat_state(nnx.state(mlp, nnx.Param))
+  assert {"/".join(map(str, p)): v.shape for p, v in params} == {
+      "up/kernel": (D, 16 if gated else 8), "down/kernel": (8, D)}
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(3, D)), jnp.float32)
+  h = x @ mlp.up.kernel[...]
+  want = (act(h[:, :8]) * h[:, 8:] if gated else act(h)) @ mlp.down.kernel[...]
   helpers.assert_close(mlp(x), want, 1e-5, 1e-5)
 
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention.nn import attention, delta, moe, mlp
+from tests.helpers import decode_all
 
 pytestmark = pytest.mark.hf
 
@@ -101,16 +102,6 @@ def randomize(module, std=0.2):
   with torch.no_grad():
     for p in module.parameters():
       p.normal_(std=std)
-
-
-def decode_all(layer, x):
-  """Token-by-token outputs ``[B, T, D]`` of ``layer`` with its O(1)/KV cache."""
-  cache = layer.init_cache(x.shape[0], x.shape[1])
-  ys = []
-  for t in range(x.shape[1]):
-    y, cache = layer.decode_step(x[:, t], cache)
-    ys.append(y)
-  return jnp.stack(ys, axis=1)
 
 
 def qwen3_next_config(**kw):

@@ -39,15 +39,6 @@ def _randomise(module, seed):
       p.copy_(0.3 * torch.randn(p.shape, generator=g))
 
 
-def _decode(layer, x):
-  cache = layer.init_cache(x.shape[0], x.shape[1])
-  ys = []
-  for t in range(x.shape[1]):
-    y, cache = layer.decode_step(x[:, t], cache)
-    ys.append(y)
-  return jnp.stack(ys, axis=1)
-
-
 def _input(d, seed=0):
   return np.random.default_rng(seed).standard_normal((B, T, d)).astype(np.float32)
 
@@ -75,7 +66,7 @@ def test_mlstm_layer_matches_xlstm_7b_layer():
     want, _ = ref(torch.from_numpy(x))
   got = layer(jnp.asarray(x))
   helpers.assert_close(got, _np(want), 1e-5, 1e-5)
-  helpers.assert_close(_decode(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)
+  helpers.assert_close(helpers.decode_all(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)
 
 
 def test_hawk_block_matches_recurrentgemma_recurrent_block():
@@ -103,7 +94,7 @@ def test_hawk_block_matches_recurrentgemma_recurrent_block():
                   attention_mask=None, use_cache=False)
   got = layer(jnp.asarray(x))
   helpers.assert_close(got, _np(want), 1e-5, 1e-5)
-  helpers.assert_close(_decode(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)
+  helpers.assert_close(helpers.decode_all(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)
 
 
 @pytest.mark.parametrize("use_bias", [False, True])
@@ -125,7 +116,7 @@ def test_gated_short_conv_matches_lfm2_short_conv(use_bias):
     want = ref(torch.from_numpy(x))
   got = layer(jnp.asarray(x))
   helpers.assert_close(got, _np(want), 1e-5, 1e-5)
-  helpers.assert_close(_decode(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)
+  helpers.assert_close(helpers.decode_all(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)
 
 
 def test_mlstm_layer_bad_options_name_themselves():
@@ -167,4 +158,4 @@ def test_local_attention_matches_recurrentgemma_attention():
                   attention_mask=mask)
   got = layer(jnp.asarray(x))
   helpers.assert_close(got, _np(want), 1e-5, 1e-5)
-  helpers.assert_close(_decode(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)
+  helpers.assert_close(helpers.decode_all(layer, jnp.asarray(x)), _np(want), 1e-5, 1e-5)

@@ -37,14 +37,6 @@ def _x(seed=1):
   return helpers.rand(jax.random.PRNGKey(seed), (B, T, D), jnp.float32)
 
 
-def _decode(layer, x):
-  cache, ys = layer.init_cache(x.shape[0], x.shape[1]), []
-  for t in range(x.shape[1]):
-    y, cache = layer.decode_step(x[:, t], cache)
-    ys.append(y)
-  return jnp.stack(ys, 1)
-
-
 @pytest.mark.parametrize("name,kw", OPTIONS)
 def test_option_decodes_as_it_trains_and_changes_the_output(name, kw):
   x = _x()
@@ -52,7 +44,7 @@ def test_option_decodes_as_it_trains_and_changes_the_output(name, kw):
   y = layer(x)
   assert y.shape == x.shape
   assert not np.allclose(y, _layer(name)(x), atol=1e-3), kw
-  np.testing.assert_allclose(_decode(layer, x), y, rtol=2e-4, atol=2e-5)
+  np.testing.assert_allclose(helpers.decode_all(layer, x), y, rtol=2e-4, atol=2e-5)
 
 
 @pytest.mark.parametrize("name,kw", OPTIONS)

@@ -12,6 +12,7 @@ from flax import nnx
 from jax.test_util import check_grads as jax_check_grads
 
 from linear_attention.nn import attention, delta, mlp, moe, modules, norm
+from tests.helpers import decode_all
 
 
 def dense_moe(layer: moe.MoE, x):
@@ -91,15 +92,6 @@ def test_rmsnorm_offset_and_mlp_variants():
   h = x @ g.up.kernel[...]
   np.testing.assert_allclose(g(x), (jax.nn.gelu(h[:, :6]) * h[:, 6:]) @ g.down.kernel[...],
                              rtol=1e-5)
-
-
-def decode_all(layer, x):
-  cache = layer.init_cache(x.shape[0], x.shape[1])
-  ys = []
-  for t in range(x.shape[1]):
-    y, cache = layer.decode_step(x[:, t], cache)
-    ys.append(y)
-  return jnp.stack(ys, axis=1)
 
 
 def test_partial_rope_leaves_the_other_channels_alone():
