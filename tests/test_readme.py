@@ -67,7 +67,7 @@ def test_delta_form_ratios_are_the_results_files():
   assert f"({min(speedup):.1f}-{max(speedup):.1f}x faster forward)" in README
   assert (f"forward+backward in {min(ratio):.2f}-{max(ratio):.2f}x the recurrent form's time "
           "for KDA and RWKV-7 at 4k and 16k") in README
-  dp = [ms["gated_deltaproduct", t] for t in (1024, 4096, 16384)]
+  dp = [ms["gated_deltaproduct", t] for t in (4096, 16384)]
   # "its chunk form is the slower one forward and forward+backward"
   assert all(r["chunk_fwd"] > r["recurrent_fwd"] and r["chunk_fwdbwd"] > r["recurrent_fwdbwd"]
              for r in dp)
