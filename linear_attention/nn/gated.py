@@ -4,7 +4,7 @@ log-linear Mamba-2.
 Each owns its projections and gates and calls one op of
 :mod:`linear_attention.ops.gated` (its ``*_step`` twin when decoding);
 :class:`LogLinearMamba2` is :class:`Mamba2` with Fenwick levels (one more projection, for
-the level weights) and :func:`linear_attention.ops.loglinear.loglinear_ssd` in place of
+the level weights) and :func:`linear_attention.ops.loglinear_variants.loglinear_ssd` in place of
 ``ssd``.
 Shapes: ``x [B, T, D] -> [B, T, D]``; decoding states ``[B, H, K, V]`` float32.
 """
@@ -20,6 +20,7 @@ from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
 from linear_attention.ops import gated as gated_ops
 from linear_attention.ops import loglinear as loglinear_ops
+from linear_attention.ops import loglinear_variants
 
 Array = jax.Array
 
@@ -482,7 +483,7 @@ class LogLinearMamba2(Mamba2):
     z, xbc, dt = self._split(self.in_proj(x))
     xs, dt, b, c = self._ssd_args(self.conv(xbc, segment_ids), dt)
     a, d, dt_bias = self._params()
-    y = loglinear_ops.loglinear_ssd(xs, dt, a, b, c, self._levels(x), d,
+    y = loglinear_variants.loglinear_ssd(xs, dt, a, b, c, self._levels(x), d,
                                     dt_bias=dt_bias, dt_softplus=True,
                                     chunk_size=self.chunk_size, segment_ids=segment_ids,
                                     context=cp.context())
@@ -500,7 +501,7 @@ class LogLinearMamba2(Mamba2):
     xbc, conv_state = self.conv.step(xbc, cache["conv"])
     xs, dt, b, c = self._ssd_args(xbc, dt)
     a, d, dt_bias = self._params()
-    y, (s, pos) = loglinear_ops.loglinear_ssd_step(
+    y, (s, pos) = loglinear_variants.loglinear_ssd_step(
         (cache["state"], cache["pos"]), xs, dt, a, b, c, self._levels(x), d,
         dt_bias=dt_bias, dt_softplus=True)
     return self._out(y, z), {"conv": conv_state, "state": s, "pos": pos}

@@ -85,6 +85,8 @@ from linear_attention.ops.loglinear import (
     init_loglinear_state,
     loglinear_decay_attention,
     loglinear_decay_step,
+)
+from linear_attention.ops.loglinear_variants import (
     loglinear_gla,
     loglinear_gla_step,
     loglinear_ssd,
