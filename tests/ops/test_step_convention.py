@@ -62,7 +62,7 @@ def test_step_signature_mirrors_the_sequence_op(name):
     assert key in seq_kw, f"{name}: option {key} is not an option of {seq.__name__}"
     assert p.default == seq_kw[key].default, f"{name}: default of {key}"
   # The docstring's argument list (or body) names the state before the first input.
-  doc = inspect.getdoc(step)
+  doc = inspect.getdoc(step).split("Examples:", 1)[0].strip()  # the prose, not the example
   body = doc.split("Args", 1)[1] if "Args" in doc else doc.split("\n\n", 1)[-1]
   first = re.search(rf"\b{want_first}\b", body)
   second = re.search(rf"\b{step_pos[1].name}\b", body)
