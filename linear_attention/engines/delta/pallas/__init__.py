@@ -177,19 +177,24 @@ _core.defvjp(_core_fwd, _core_bwd)
 def _prepare(q, k, v, beta, log_decay, seg, scale, c):
   """The state-independent chunk quantities, for all chunks at once (XLA).
 
-  Inputs in the ops' layout (``[B, T, H, *]``; ``seg`` from
-  ``common.segment_index`` or None). Returns float32
-  ``(qg, am, u, w, ke)``, each ``[B, H, N, C, *]`` (``am``: ``[..., C, C]``),
-  and ``decay [B, H, N]``: :func:`~linear_attention.engines.delta.terms.delta_chunk_terms`,
+  Inputs in the ops' layout (``[B, T, H, *]``, ``q, k`` with ``Hk`` heads and the rest
+  with ``Hv``; ``seg`` from ``common.segment_index`` or None). Returns float32
+  ``(qg, am, u, w, ke)``, each ``[B, Hv, N, C, *]`` (``am``: ``[..., C, C]``),
+  and ``decay [B, Hv, N]``: :func:`~linear_attention.engines.delta.terms.delta_chunk_terms`,
   the same quantities as the XLA chunk form builds before its scan.
   """
   acc = jnp.float32
-  qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
-  bh = jnp.swapaxes(beta, 1, 2).astype(acc)
+  b, hk, hv = q.shape[0], q.shape[2], v.shape[2]
+  grouped = lambda x: None if x is None else common.group_heads(x, hk).astype(acc)
+  qh, kh, vh, bh = (grouped(x) for x in (q, k, v, beta))
   # -inf (a hard reset) would give inf - inf in the cumulative sums: floored.
-  g = None if log_decay is None else common.floor_log_decay(
-      jnp.swapaxes(log_decay, 1, 2).astype(acc))
-  return delta_terms.delta_chunk_terms(qh * jnp.asarray(scale, acc), kh, vh, bh, g, seg, c)
+  g = common.floor_log_decay(grouped(log_decay))
+  terms = delta_terms.delta_chunk_terms(qh * jnp.asarray(scale, acc), kh, vh, bh, g, seg, c)
+  # One kernel program per value head: [B, Hk, G, ...] -> [B, Hv, ...]. Only a gate-free
+  # call's Qg and Ke (no per-value-head factor) are repeated over the group here.
+  flat = lambda x: jnp.broadcast_to(x, (b, hk, hv // hk) + x.shape[3:]).reshape(
+      (b, hv) + x.shape[3:])
+  return tuple(flat(x) for x in terms)
 
 
 # ------------------------------------------------------------------- public API
@@ -230,10 +235,11 @@ def chunk_delta_attention(
   ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`` with
   ``a_t = exp(log_decay_t)`` (1 without a gate), ``o_t = scale * S_t^T q_t``;
   the same function as ``ops.delta_rule(form="chunk")``. Differentiable in
-  ``q, k, v, beta, log_decay, initial_state``.
+  ``q, k, v, beta, log_decay, initial_state``. Grouped value heads as in
+  ``ops.delta_rule``: ``q, k`` may have ``Hk`` heads, ``H`` a multiple of ``Hk``.
 
   Args:
-    q, k: ``[B, T, H, K]`` (keys expected L2-normalised by the caller);
+    q, k: ``[B, T, Hk, K]`` (keys expected L2-normalised by the caller);
       v: ``[B, T, H, V]`` (float32, bfloat16 or float16, one dtype).
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
     log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0`` (Gated DeltaNet).
@@ -252,8 +258,9 @@ def chunk_delta_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
   """
-  b, t, h, dk, dv = common.check_qkv(q, k, v)
-  common.check_beta(beta, (b, t, h), "[B, T, H]")
+  b, t, _, dk, dv = common.check_qkv(q, k, v, grouped=True)
+  h = v.shape[2]
+  common.check_beta(beta, (b, t, h), "[B, T, Hv], Hv the heads of v")
   common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
   common.check_sequence_args("chunk", chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv))
   if block_sizes is None:  # the default depends on the dtype too
@@ -273,8 +280,8 @@ def chunk_delta_attention(
 def _chunk_delta(q, k, v, beta, log_decay, initial_state, segment_ids, *, scale, chunk,
                  block_sizes, platform, interpret):
   """The XLA preparation, layout and padding around :func:`_core`."""
-  b, t, h, dk = q.shape
-  dv = v.shape[-1]
+  b, t, _, dk = q.shape
+  h, dv = v.shape[2:]
   kp, vp = blocks.pad_dim(dk, platform), blocks.pad_dim(dv, platform)
   bv = blocks.value_block(vp, block_sizes.block_v, platform)
   vp = dispatch.round_up(vp, bv)
