@@ -113,3 +113,76 @@ class TestDeltaGrouped:
       ops.delta_rule_step(s0[:, :5], q[:, 0], k[:, 0], v[:, 0, :5], beta[:, 0, :5])
     with pytest.raises(ValueError, match=r"state must have shape \[2, 6, 4, 5\]"):
       ops.delta_rule_step(s0[:, :HK], q[:, 0], k[:, 0], v[:, 0], beta[:, 0])
+
+
+# ----------------------------------------------------------------------------- DPLR
+
+
+def dplr_args(seed=0, r=None):
+  """q, k with ``HK`` heads; v, beta, the per-channel decay and the state per value head.
+  ``r``: that many sub-steps per token (Gated DeltaProduct's k, v, beta)."""
+  kq, kk, kv, kb, kg, ks = keys(seed, 6)
+  steps = () if r is None else (r,)
+  q, k = rand(kq, (B, T, HK, K)), _unit(rand(kk, (B, T, HK) + steps + (K,)))
+  v = rand(kv, (B, T, HV) + steps + (V,))
+  beta = jax.random.uniform(kb, (B, T, HV) + steps, minval=0.1, maxval=1.9)
+  g = -jax.random.uniform(kg, (B, T, HV, K))
+  return q, k, v, beta, g, rand(ks, (B, HV, K, V))
+
+
+class TestDplrGrouped:
+
+  @pytest.mark.parametrize("form", FORMS)
+  def test_kda_equals_repeated_qk(self, form):
+    q, k, v, beta, g, s0 = dplr_args()
+    call = lambda q, k, v, beta, g, s0: ops.kda(
+        q, k, v, beta, g, form=form, chunk_size=CHUNK, initial_state=s0, return_state=True)
+    _compare(call, lambda q, k, *a: call(rep(q), rep(k), *a), (q, k, v, beta, g, s0))
+
+  @pytest.mark.parametrize("form", FORMS)
+  def test_dplr_attention_grouped_query(self, form):
+    """The engine itself: ``q`` with ``HK`` heads, ``k, a, b`` per value head."""
+    q, k, v, beta, g, s0 = dplr_args(1)
+    kv_ = rep(k)
+    call = lambda q, kv_, v, beta, g, s0: ops.dplr_attention(
+        q, kv_, v, -beta[..., None] * kv_, kv_, g, form=form, chunk_size=CHUNK,
+        initial_state=s0, return_state=True)
+    _compare(call, lambda q, *a: call(rep(q), *a), (q, kv_, v, beta, g, s0))
+
+  def test_gated_deltaproduct_equals_repeated_qk(self):
+    q, k, v, beta, g, s0 = dplr_args(2, r=2)
+    gate = g[..., 0]
+    call = lambda q, k, v, beta, gate, s0: ops.gated_deltaproduct(
+        q, k, v, beta, gate, form="chunk", chunk_size=CHUNK, initial_state=s0,
+        return_state=True)
+    _compare(call, lambda q, k, *a: call(rep(q), rep(k), *a), (q, k, v, beta, gate, s0))
+
+  def test_steps(self):
+    q, k, v, beta, g, s0 = dplr_args(3)
+    q, k, v, beta, g = q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0]
+    call = lambda s0, q, k, v, beta, g: ops.kda_step(s0, q, k, v, beta, g)
+    _compare(call, lambda s0, q, k, *a: call(s0, rep(q, 1), rep(k, 1), *a),
+             (s0, q, k, v, beta, g))
+    q2, k2, v2, beta2, _, _ = dplr_args(4, r=2)
+    q2, k2, v2, beta2 = q2[:, 0], k2[:, 0], v2[:, 0], beta2[:, 0]
+    call2 = lambda s0, q, k, v, beta: ops.gated_deltaproduct_step(s0, q, k, v, beta, g[..., 0])
+    _compare(call2, lambda s0, q, k, *a: call2(s0, rep(q, 1), rep(k, 1), *a),
+             (s0, q2, k2, v2, beta2))
+
+  def test_errors_name_the_argument(self):
+    q, k, v, beta, g, s0 = dplr_args()
+    with pytest.raises(ValueError, match=r"v must have a multiple of the 2 heads of q and k"):
+      ops.kda(q, k, v[:, :, :5], beta[:, :, :5], g[:, :, :5])
+    with pytest.raises(ValueError, match=r"beta must have shape \[2, 13, 6\]"):
+      ops.kda(q, k, v, beta[:, :, :HK], g)
+    with pytest.raises(ValueError, match=r"log_alpha must have shape \[2, 13, 6, 4\]"):
+      ops.kda(q, k, v, beta, g[:, :, :HK])
+    with pytest.raises(ValueError, match=r"v must have a multiple of the 2 heads of q\b"):
+      ops.dplr_attention(q, rep(k)[:, :, :5], v[:, :, :5], None, rep(k)[:, :, :5])
+    with pytest.raises(ValueError, match=r"b must have shape \[2, 13, 6, 4\]"):
+      ops.dplr_attention(q, rep(k), v, None, k)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 6, 4, 5\]"):
+      ops.dplr_attention(q, rep(k), v, None, rep(k), initial_state=s0[:, :HK])
+    with pytest.raises(ValueError, match=r"v must have a multiple of the 2 heads of q\b"):
+      ops.dplr_attention_step(s0[:, :5], q[:, 0], rep(k, 1)[:, :5], v[:, 0, :5], None,
+                              rep(k, 1)[:, :5])
