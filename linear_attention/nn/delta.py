@@ -163,7 +163,8 @@ class GatedDeltaNet(DeltaNet):
   Head sizes (Qwen3-Next, OLMo-Hybrid): ``num_heads`` q/k heads of ``head_k_dim``
   channels and ``num_v_heads`` value heads of ``head_v_dim`` (defaults ``num_heads`` and
   ``d_model // num_heads``); the gate, ``beta`` and the state are per value head. With more
-  value heads than q/k heads the layer repeats q and k per value head before the op.
+  value heads than q/k heads, value head ``h`` reads q/k head ``h // (num_v_heads //
+  num_heads)`` inside the op (grouped value heads), which does not repeat q and k.
   """
 
   context_parallel = True
