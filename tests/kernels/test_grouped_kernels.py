@@ -51,11 +51,14 @@ def _check(kernel, xla, args):
 
 @pytest.mark.parametrize("gated", [False, True], ids=["deltanet", "gated"])
 def test_chunk_delta_grouped(path, gated):
+  # Without a gate Qg, Am and Ke are shared by a group (read at head h // G in the kernels).
+  seg = jnp.asarray([[0] * 10 + [1] * 27], jnp.int32)
   kernel = lambda q, k, v, beta, g, s0: cdl.chunk_delta_attention(
-      q, k, v, beta, g if gated else None, initial_state=s0, return_state=True, **path)
+      q, k, v, beta, g if gated else None, initial_state=s0, return_state=True,
+      segment_ids=seg, **path)
   xla = lambda q, k, v, beta, g, s0: ops.delta_rule(
       q, k, v, beta, g if gated else None, initial_state=s0, return_state=True, form="chunk",
-      chunk_size=CHUNK)
+      chunk_size=CHUNK, segment_ids=seg)
   _check(kernel, xla, _args(False))
 
 
