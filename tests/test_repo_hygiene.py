@@ -24,6 +24,7 @@ SMOKE = {
     "experiments/bench/bench_decode.py": (["--smoke", "--reps", "1"], {0}),
     "experiments/bench/bench_delta_inverse.py": (["--smoke"], {0}),
     "experiments/bench/bench_engine.py": (["--smoke", "--seq_lens", "256"], {0}),
+    "experiments/bench/grouped_memory.py": (["--smoke"], {0}),
     "experiments/bench/bench_loglinear.py": (["--smoke", "--repeats", "1"], {0}),
     "experiments/bench/param_table.py": ([], {0}),
     # Without the compile plugins it stops at once (2); with them it compiles no case.

@@ -64,10 +64,13 @@ def check_positive_int(name: str, value) -> None:
 
 
 def check_qkv(q: Array, k: Array, v: Array,
-              names: Sequence[str] = ("q", "k", "v")) -> tuple[int, int, int, int, int]:
+              names: Sequence[str] = ("q", "k", "v"), *,
+              grouped: bool = False) -> tuple[int, int, int, int, int]:
   """Checks ``q, k: [B,T,H,K]`` and ``v: [B,T,H,V]``; returns ``(B, T, H, K, V)``.
 
   ``names`` renames the arguments in messages (e.g. RWKV's ``r`` for ``q``).
+  ``grouped``: ``v`` may have any multiple ``Hv`` of the ``H`` heads of ``q, k``
+  (grouped value heads, :func:`check_value_groups`); ``H`` is still that of ``q``.
   """
   nq, nk, nv = names
   for name, x in ((nq, q), (nk, k), (nv, v)):
@@ -76,9 +79,22 @@ def check_qkv(q: Array, k: Array, v: Array,
   b, t, h, dk = q.shape
   check_seq_len(t, f"axis 1 of {nq}")
   check_shape(nk, k, (b, t, h, dk), f"the shape of {nq}")
-  check_shape(nv, v, (b, t, h, None), f"batch, seq and heads of {nq}")
+  check_shape(nv, v, (b, t, None if grouped else h, None),
+              f"batch, seq{'' if grouped else ' and heads'} of {nq}")
+  if grouped:
+    check_value_groups(nv, v.shape[2], h, f"{nq} and {nk}")
   check_same_dtype(**{nq: q, nk: k, nv: v})
   return b, t, h, dk, v.shape[-1]
+
+
+def check_value_groups(name: str, hv: int, hk: int, of: str = "q and k") -> int:
+  """Grouped value heads: raises unless ``hv`` (the heads of ``name``) is a multiple of
+  the ``hk`` heads of ``of``; returns the group size ``hv // hk``. Value head ``h``
+  reads query/key head ``h // (hv // hk)`` (transformers' ``repeat_interleave``)."""
+  if hv < hk or hv % hk:
+    raise ValueError(f"{name} must have a multiple of the {hk} heads of {of} (grouped value "
+                     f"heads), got {hv} heads.")
+  return hv // hk
 
 
 def check_seq_len(t: int, where: str) -> None:
@@ -104,11 +120,12 @@ def check_attention(q: Array, k: Array, v: Array,
 
 
 def check_step_qkv(q: Array, k: Array, v: Array,
-                   names: Sequence[str] = ("q", "k", "v")) -> tuple[int, int, int, int]:
+                   names: Sequence[str] = ("q", "k", "v"), *,
+                   grouped: bool = False) -> tuple[int, int, int, int]:
   """The one-token twin of :func:`check_qkv`: ``q, k: [B, H, K]``, ``v: [B, H, V]``.
 
   Returns ``(B, H, K, V)``. ``names`` renames the arguments in messages (e.g.
-  RWKV's ``r`` for ``q``).
+  RWKV's ``r`` for ``q``); ``grouped`` as in :func:`check_qkv`.
   """
   nq, nk, nv = names
   for name, x in ((nq, q), (nk, k), (nv, v)):
@@ -116,7 +133,10 @@ def check_step_qkv(q: Array, k: Array, v: Array,
     check_float(name, x)
   b, h, dk = q.shape
   check_shape(nk, k, (b, h, dk), f"the shape of {nq}")
-  check_shape(nv, v, (b, h, None), f"batch and heads of {nq}")
+  check_shape(nv, v, (b, None if grouped else h, None),
+              f"batch{'' if grouped else ' and heads'} of {nq}")
+  if grouped:
+    check_value_groups(nv, v.shape[1], h, f"{nq} and {nk}")
   check_same_dtype(**{nq: q, nk: k, nv: v})
   return b, h, dk, v.shape[-1]
 

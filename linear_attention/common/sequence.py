@@ -69,14 +69,35 @@ def segment_index(segment_ids: Array) -> Array:
   return jnp.cumsum(segment_starts(segment_ids).astype(jnp.int32), axis=1)
 
 
+def group_heads(x: Array | None, hk: int) -> Array | None:
+  """``[B, T, H, *]`` -> ``[B, Hk, H // Hk, T, *]`` (None passes), for grouped value heads.
+
+  Head ``h`` lands in group ``h // (H // Hk)``, slot ``h % (H // Hk)`` (transformers'
+  ``repeat_interleave`` of the query/key heads). An argument with ``Hk`` heads gets a
+  group axis of 1, which broadcasts against the value heads' ``G`` in elementwise ops and
+  ``...``-einsums without repeating it in memory.
+  """
+  if x is None:
+    return None
+  b, t, h = x.shape[:3]
+  return jnp.moveaxis(x.reshape((b, t, hk, h // hk) + x.shape[3:]), 1, 3)
+
+
+def ungroup_heads(x: Array) -> Array:
+  """The inverse of :func:`group_heads`: ``[B, Hk, G, T, *]`` -> ``[B, T, Hk G, *]``."""
+  x = jnp.moveaxis(x, 3, 1)
+  return x.reshape(x.shape[:2] + (x.shape[2] * x.shape[3],) + x.shape[4:])
+
+
 def zero_state(qh: Array, vh: Array) -> Array:
-  """A zero ``[B, H, K, V]`` state for ``qh [B, H, T, K]`` and ``vh [B, H, T, V]``.
+  """A zero ``[B, H, K, V]`` state for ``qh [B, H, T, K]`` and ``vh [B, H, T, V]`` (any
+  leading axes: ``[B, Hk, 1, T, K]`` and ``[B, Hk, G, T, V]`` give ``[B, Hk, G, K, V]``).
 
   Built with ``zeros_like`` of an expression of the inputs rather than
   ``jnp.zeros``, so that inside ``jax.shard_map`` it varies over the same
   mesh axes as the inputs and a ``lax.scan`` carrying it keeps one type.
   """
-  return jnp.zeros_like(qh[:, :, 0, :, None] * vh[:, :, 0, None, :])
+  return jnp.zeros_like(qh[..., 0, :, None] * vh[..., 0, None, :])
 
 
 # Steps per rematerialised chunk of the recurrent forms (see remat_scan).

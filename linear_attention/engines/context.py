@@ -357,8 +357,8 @@ def _affine_local(initial_state=None, segment_ids=None, *, axis_name, fn, names,
   q, v = arrays["q"], arrays["v"]
   acc = common.acc_dtype(q.dtype)
   arrays = {n: None if x is None else x.astype(acc) for n, x in arrays.items()}
-  b, _, h, dk = q.shape
-  dv = v.shape[-1]
+  b, _, _, dk = q.shape
+  h, dv = v.shape[2], v.shape[-1]  # the value heads (q, k may have fewer: grouped)
   zero = varying_zero(*arrays.values(), segment_ids, dtype=acc)
   arrays["v"] = jnp.concatenate([jnp.zeros(v.shape[:-1] + (dk,), acc), arrays["v"]], axis=-1)
   eye = jnp.broadcast_to(jnp.eye(dk, dtype=acc), (b, h, dk, dk))

@@ -88,11 +88,9 @@ class DeltaNet(mixer.Mixer):
     if self.allow_neg_eigval:
       beta = 2.0 * beta
     if n == 1:
-      # Grouped value heads: q and k repeated per value head (the ops take equal head counts).
-      groups = self.num_v_heads // h
-      k = modules.split_heads(k, h)
-      return (modules.repeat_kv(q, groups), modules.repeat_kv(k, groups),
-              modules.split_heads(v, self.num_v_heads), beta.astype(x.dtype))
+      # Grouped value heads: the delta-rule ops read q/k head h // (Hv // H) themselves.
+      return (q, modules.split_heads(k, h), modules.split_heads(v, self.num_v_heads),
+              beta.astype(x.dtype))
     # [..., n * D] -> [..., H, n, Dh]: step j of head i reads columns (j, i).
     steps = lambda z, w: jnp.swapaxes(z.reshape(z.shape[:-1] + (n, h, w)), -3, -2)
     beta = jnp.swapaxes(beta.reshape(beta.shape[:-1] + (n, h)), -2, -1)
@@ -165,7 +163,8 @@ class GatedDeltaNet(DeltaNet):
   Head sizes (Qwen3-Next, OLMo-Hybrid): ``num_heads`` q/k heads of ``head_k_dim``
   channels and ``num_v_heads`` value heads of ``head_v_dim`` (defaults ``num_heads`` and
   ``d_model // num_heads``); the gate, ``beta`` and the state are per value head. With more
-  value heads than q/k heads the layer repeats q and k per value head before the op.
+  value heads than q/k heads, value head ``h`` reads q/k head ``h // (num_v_heads //
+  num_heads)`` inside the op (grouped value heads), which does not repeat q and k.
   """
 
   context_parallel = True

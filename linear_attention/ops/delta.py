@@ -48,8 +48,9 @@ def deltanet(
   Programmers"; chunkwise training from Yang et al. 2024, "Parallelizing
   Linear Transformers with the Delta Rule over Sequence Length".
 
-  Args: as :func:`delta_rule` without ``log_decay``; q, k ``[B, T, H, K]``,
-  v ``[B, T, H, V]``, beta ``[B, T, H]`` in ``[0, 2]`` (the paper uses a
+  Args: as :func:`delta_rule` without ``log_decay``; q, k ``[B, T, Hk, K]``,
+  v ``[B, T, H, V]`` (``H`` a multiple of ``Hk``: grouped value heads, see
+  :func:`delta_rule`), beta ``[B, T, H]`` in ``[0, 2]`` (the paper uses a
   sigmoid, in ``(0, 1)``). Keys should be L2-normalised; ``normalize_qk=True``
   does it here for q and k. ``implementation`` and ``context`` as in :func:`delta_rule`.
 
@@ -83,8 +84,8 @@ def deltanet_step(
   """One DeltaNet token: ``S = (I - beta k k^T) S + beta k v^T``, ``o = scale S^T q``.
 
   Schlag et al. 2021; Yang et al. 2024 (see :func:`deltanet`). state
-  ``[B, H, K, V]``, q, k ``[B, H, K]``, v ``[B, H, V]``, beta ``[B, H]``.
-  Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+  ``[B, H, K, V]``, q, k ``[B, Hk, K]`` (grouped value heads as in :func:`deltanet`),
+  v ``[B, H, V]``, beta ``[B, H]``. Returns ``(o [B, H, V], new_state [B, H, K, V])``.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -122,9 +123,10 @@ def gated_deltanet(
   Yang, Kautz and Hatamizadeh 2024, "Gated Delta Networks: Improving Mamba2
   with Delta Rule". ``o_t = scale S_t^T q_t``.
 
-  Args: as :func:`delta_rule`; q, k ``[B, T, H, K]``, v ``[B, T, H, V]``,
+  Args: as :func:`delta_rule`; q, k ``[B, T, Hk, K]``, v ``[B, T, H, V]`` (``H`` a
+  multiple of ``Hk``: grouped value heads, see :func:`delta_rule`),
   beta ``[B, T, H]`` in ``[0, 2]``, log_decay ``[B, T, H]`` values ``<= 0``
-  (a scalar gate per head and step; ``-inf`` allowed; beta's range and the
+  (a scalar gate per value head and step; ``-inf`` allowed; beta's range and the
   gate's sign are checked only for concrete values, not under ``jit``). Keys should be L2-normalised;
   ``normalize_qk=True`` does it here for q and k. ``implementation`` and ``context``
   as in :func:`delta_rule`.
@@ -162,8 +164,8 @@ def gated_deltanet_step(
   """One Gated DeltaNet token: ``S = exp(log_decay) (I - beta k k^T) S + beta k v^T``.
 
   Yang et al. 2024, "Gated Delta Networks" (see :func:`gated_deltanet`). state
-  ``[B, H, K, V]``, q, k ``[B, H, K]``, v ``[B, H, V]``, beta and log_decay
-  ``[B, H]``. Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+  ``[B, H, K, V]``, q, k ``[B, Hk, K]`` (grouped value heads as in
+  :func:`gated_deltanet`), v ``[B, H, V]``, beta and log_decay ``[B, H]``. Returns ``(o [B, H, V], new_state [B, H, K, V])``.
 
   Examples:
     >>> import jax.numpy as jnp

@@ -25,6 +25,7 @@ from linear_attention.engines.context import SeqContext
 from linear_attention.engines.dplr.engine import (  # noqa: F401  (the public engine)
     DEFAULT_FORMS, DEFAULT_PRODUCT_FORMS, dplr_attention, dplr_attention_step, resolve_chunk_size,
     resolve_form)
+from linear_attention.engines.dplr.engine import per_value_head
 from linear_attention.ops import delta as delta_ops
 
 Array = jax.Array
@@ -216,8 +217,12 @@ def kda(
   ``o_t = scale * S_t^T q_t``, ``alpha_t = exp(log_alpha_t)``. On the engine:
   ``a = -beta k``, ``b = alpha * k``, write key ``beta k``.
 
+  Grouped value heads: ``q, k`` may have fewer heads ``Hk`` than ``v``'s ``H`` (a
+  multiple of ``Hk``; value head ``h`` reads query/key head ``h // (H // Hk)``, as in
+  :func:`dplr_attention`); ``beta``, ``log_alpha`` and the state are per value head.
+
   Args:
-    q, k: ``[B, T, H, K]`` (keys L2-normalised by the caller, or ``normalize_qk``).
+    q, k: ``[B, T, Hk, K]`` (keys L2-normalised by the caller, or ``normalize_qk``).
     v: ``[B, T, H, V]``.
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
     log_alpha: ``[B, T, H, K]`` per-channel log decay ``<= 0``, ``-inf``
@@ -237,12 +242,14 @@ def kda(
     >>> ops.kda(q, k, v, beta, log_alpha, normalize_qk=True).shape
     (1, 10, 2, 4)
   """
-  bsz, t, h, dk, dv = common.check_qkv(q, k, v)
-  common.check_beta(beta, (bsz, t, h), "[B, T, H]")
+  bsz, t, _, dk, dv = common.check_qkv(q, k, v, grouped=True)
+  h = v.shape[2]
+  common.check_beta(beta, (bsz, t, h), "[B, T, Hv], Hv the heads of v")
   common.check_log_decay(log_alpha, bsz, t, h, dk, name="log_alpha", per_head=False)
   if normalize_qk:
     q, k = delta_ops.l2_normalize(q), delta_ops.l2_normalize(k)
-  wk, _, eb = _kda_map(k, beta, log_alpha, common.acc_dtype(q.dtype))
+  # beta k and alpha k are per value head: k meets them once per value head of its group.
+  wk, _, eb = _kda_map(per_value_head(k, h), beta, log_alpha, common.acc_dtype(q.dtype))
   return dplr_attention(q, wk, v, None, eb, log_alpha, scale=scale, form=form,  # a = -wk
                         chunk_size=chunk_size, initial_state=initial_state,
                         return_state=return_state, segment_ids=segment_ids,
@@ -253,8 +260,9 @@ def kda_step(state: Array, q: Array, k: Array, v: Array, beta: Array, log_alpha:
              scale: float | None = None, normalize_qk: bool = False):
   """One token of :func:`kda`: ``S = (I - beta k k^T) diag(alpha) S + beta k v^T``.
 
-  Args: state ``[B, H, K, V]`` float32; q, k ``[B, H, K]``; v ``[B, H, V]``;
-  beta ``[B, H]`` in ``[0, 2]``; log_alpha ``[B, H, K]`` ``<= 0``.
+  Args: state ``[B, H, K, V]`` float32; q, k ``[B, Hk, K]`` (grouped value heads as in
+  :func:`kda`); v ``[B, H, V]``; beta ``[B, H]`` in ``[0, 2]``; log_alpha ``[B, H, K]``
+  ``<= 0``.
 
   Returns: ``(o [B, H, V] in the dtype of q, new_state [B, H, K, V])``.
 
@@ -268,13 +276,14 @@ def kda_step(state: Array, q: Array, k: Array, v: Array, beta: Array, log_alpha:
     (1, 2, 4)
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
-  bsz, h, dk, dv = common.check_step_qkv(q, k, v)
-  common.check_beta(beta, (bsz, h), "[B, H]")
+  bsz, _, dk, dv = common.check_step_qkv(q, k, v, grouped=True)
+  h = v.shape[1]
+  common.check_beta(beta, (bsz, h), "[B, Hv], Hv the heads of v")
   common.check_log_decay(log_alpha, bsz, h, dk, name="log_alpha", per_head=False)
   common.check_step_state("state", state, (bsz, h, dk, dv), "[B, H, K, V]")
   if normalize_qk:
     q, k = delta_ops.l2_normalize(q), delta_ops.l2_normalize(k)
-  wk, _, eb = _kda_map(k, beta, log_alpha, state.dtype)
+  wk, _, eb = _kda_map(per_value_head(k, h, axis=1), beta, log_alpha, state.dtype)
   return dplr_attention_step(state, q, wk, v, None, eb, log_alpha, scale=scale)
 
 
@@ -282,7 +291,8 @@ def kda_step(state: Array, q: Array, k: Array, v: Array, beta: Array, log_alpha:
 
 
 def _check_deltaproduct(q, k, v, beta, log_decay, lead):
-  """``lead`` is ``(B, T, H)`` or ``(B, H)`` (from ``q``); returns ``(R, V)``."""
+  """``lead`` is ``(B, T, Hk)`` or ``(B, H)`` (from ``q``); returns ``(R, V, H)``, ``H`` the
+  value heads (a multiple of ``Hk``: grouped value heads)."""
   dk = q.shape[-1]
   rank = len(lead) + 2
   common.check_float("k", k)
@@ -293,11 +303,14 @@ def _check_deltaproduct(q, k, v, beta, log_decay, lead):
                      f"{list(jnp.shape(k))}.")
   r = k.shape[-2]
   common.check_shape("k", k, lead + (r, dk), "B, T, H, K of q and R steps")
-  common.check_shape("v", v, lead + (r, None), "B, T, H of q and the R of k")
+  if jnp.ndim(v) == rank:  # a wrong rank of v is named below
+    heads = common.check_value_groups("v", v.shape[len(lead) - 1], lead[-1], "q and k")
+    lead = lead[:-1] + (lead[-1] * heads,)
+  common.check_shape("v", v, lead + (r, None), "B, T of q, the value heads and the R of k")
   common.check_same_dtype(q=q, k=k, v=v)
   common.check_beta(beta, lead + (r,), "[B, T, H, R]" if len(lead) == 3 else "[B, H, R]")
   common.check_log_decay(log_decay, *lead, dk, per_channel=False)
-  return r, v.shape[-1]
+  return r, v.shape[-1], lead[-1]
 
 
 def _deltaproduct_map(k, beta, log_decay, acc):
@@ -334,9 +347,12 @@ def gated_deltaproduct(
   ``S <- (I - beta_tj k_tj k_tj^T) S + beta_tj k_tj v_tj^T``; ``o_t = scale * S_t^T q_t``.
   Without ``log_decay`` it is DeltaProduct; with ``R = 1``, Gated DeltaNet.
 
+  Grouped value heads: ``q, k`` may have fewer heads ``Hk`` than ``v``'s ``H`` (as in
+  :func:`kda`); ``beta``, ``log_decay`` and the state are per value head.
+
   Args:
-    q: ``[B, T, H, K]``.
-    k: ``[B, T, H, R, K]`` keys per step (L2-normalised by the caller, or
+    q: ``[B, T, Hk, K]``.
+    k: ``[B, T, Hk, R, K]`` keys per step (L2-normalised by the caller, or
       ``normalize_qk``).
     v: ``[B, T, H, R, V]``.
     beta: ``[B, T, H, R]`` in ``[0, 2]`` (checked when concrete).
@@ -361,10 +377,11 @@ def gated_deltaproduct(
   common.check_rank("q", q, 4)
   bsz, t, h, dk = q.shape
   common.check_seq_len(t, "axis 1 of q")
-  _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
+  _, dv, h = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, t, h))
   if normalize_qk:
     q, k = delta_ops.l2_normalize(q), delta_ops.l2_normalize(k)
-  wk, _, eb = _deltaproduct_map(k, beta, log_decay, common.acc_dtype(q.dtype))
+  wk, _, eb = _deltaproduct_map(per_value_head(k, h), beta, log_decay,
+                                common.acc_dtype(q.dtype))
   return dplr_attention(q, wk, v, None, eb, log_decay, scale=scale, form=form,  # a = -wk
                         chunk_size=chunk_size, initial_state=initial_state,
                         return_state=return_state, segment_ids=segment_ids,
@@ -376,7 +393,8 @@ def gated_deltaproduct_step(state: Array, q: Array, k: Array, v: Array, beta: Ar
                             normalize_qk: bool = False):
   """One token of :func:`gated_deltaproduct`.
 
-  Args: state ``[B, H, K, V]`` float32; q ``[B, H, K]``; k ``[B, H, R, K]``;
+  Args: state ``[B, H, K, V]`` float32; q ``[B, Hk, K]``; k ``[B, Hk, R, K]`` (grouped
+  value heads as in :func:`gated_deltaproduct`);
   v ``[B, H, R, V]``; beta ``[B, H, R]`` in ``[0, 2]``; log_decay None or
   ``[B, H]`` ``<= 0``.
 
@@ -396,9 +414,9 @@ def gated_deltaproduct_step(state: Array, q: Array, k: Array, v: Array, beta: Ar
   common.check_float("q", q)
   common.check_rank("q", q, 3)
   bsz, h, dk = q.shape
-  _, dv = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, h))
+  _, dv, h = _check_deltaproduct(q, k, v, beta, log_decay, (bsz, h))
   common.check_step_state("state", state, (bsz, h, dk, dv), "[B, H, K, V]")
   if normalize_qk:
     q, k = delta_ops.l2_normalize(q), delta_ops.l2_normalize(k)
-  wk, _, eb = _deltaproduct_map(k, beta, log_decay, state.dtype)
+  wk, _, eb = _deltaproduct_map(per_value_head(k, h, axis=1), beta, log_decay, state.dtype)
   return dplr_attention_step(state, q, wk, v, None, eb, log_decay, scale=scale)

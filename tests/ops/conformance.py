@@ -511,6 +511,22 @@ DELTANET = dataclasses.replace(
     step=lambda s, a: ops.deltanet_step(s, *a), log_gate=None)
 
 
+def _make_grouped_delta(rng, t, dtype):
+  """Gated DeltaNet's arrays with one q/k head read by both value heads (grouped)."""
+  q, k, v, beta, g = _make_delta(rng, t, dtype)
+  return (q[:, :, :1], k[:, :, :1], v, beta, g)
+
+
+def _repeat_qk(arrays):
+  """The grouped arrays with q, k repeated per value head (what the grouped op equals)."""
+  return tuple(jnp.repeat(x, H, axis=2) for x in arrays[:2]) + tuple(arrays[2:])
+
+
+GROUPED_GATED_DELTANET = dataclasses.replace(
+    GATED_DELTANET, name="gated_deltanet_grouped", context=(), make=_make_grouped_delta,
+    reference=lambda a, s0, seg: ref_delta(_repeat_qk(a), s0, seg))
+
+
 # ------------------------------------------- diagonal plus low rank (ops/dplr.py)
 
 
@@ -1138,7 +1154,7 @@ LOGLINEAR_GLA = OpSpec(
 
 
 SPECS = (DECAY, LINEAR, GLA, RETENTION, HGRN2, RWKV6, SSD, GATED_DELTANET,
-         DELTANET, LINEAR_SCAN, RG_LRU, SELECTIVE_SCAN, S4D, CONV, SOFTMAX, SLIDING_WINDOW,
+         GROUPED_GATED_DELTANET, DELTANET, LINEAR_SCAN, RG_LRU, SELECTIVE_SCAN, S4D, CONV, SOFTMAX, SLIDING_WINDOW,
          LONGFORMER, BIGBIRD, LINFORMER, RWKV7, KDA, GATED_DELTAPRODUCT, DPLR,
          MLSTM, MLSTM_EXP,
          LOGLINEAR_SSD, LOGLINEAR_GLA,

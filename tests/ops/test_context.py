@@ -106,6 +106,20 @@ def case_strong_gates():
       q, k, v, beta, g, chunk_size=CHUNK, **kw), (q, k, v, beta, 20.0 * g))
 
 
+def case_grouped_value_heads():
+  """Grouped value heads (q, k with one head, v, beta, gates and state with H = 2): the
+  delta rule and KDA (through the DPLR engine) with segments, state and gradients."""
+  q, k, v = _qkv(60)
+  q, k = q[:, :, :1], k[:, :, :1]
+  beta, s0 = _beta(61, (B, T, H)), _s0(62)
+  _compare(lambda q, k, v, beta, g, s0, **kw: ops.gated_deltanet(
+      q, k, v, beta, g, chunk_size=CHUNK, initial_state=s0, **kw),
+      (q, k, v, beta, _gate(63, (B, T, H)), s0))
+  _compare(lambda q, k, v, beta, g, s0, **kw: ops.kda(
+      q, k, v, beta, g, chunk_size=CHUNK, initial_state=s0, **kw),
+      (q, k, v, beta, _gate(64, (B, T, H, K)), s0))
+
+
 def case_feature_maps():
   """The positive map's running key shift (stateless, normalised) and the bidirectional
   form (a reversed engine pass on the flipped global arrays)."""

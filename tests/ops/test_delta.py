@@ -188,7 +188,7 @@ def _bad_calls():
       (lambda: dr(q, k, v, beta.at[0, 0, 0].set(-0.1)), r"beta must be >= 0 and <= 2"),
       (lambda: dr(q, k, v, beta, g[..., None]), r"log_decay must have shape \[1, 4, 2\]"),
       (lambda: dr(q, k[:, :3], v, beta), r"k must have shape"),
-      (lambda: dr(q, k, v[:, :, :1], beta), r"v must have shape"),
+      (lambda: dr(q, k, v[:, :, :1], beta), r"v must have a multiple of the 2 heads of q and k"),
       (lambda: dr(q, k.astype(jnp.bfloat16), v, beta), r"must share one dtype"),
       (lambda: dr(q, k, v, beta, chunk_size=0), r"chunk_size must be an integer >= 1"),
       (lambda: delta.delta_rule_step(z, q[:, 0], k[:, 0], v[:, 0], beta[:, 0, :1]),

@@ -83,8 +83,10 @@ DEFAULT_FORMS: dict[str, tuple[str, str]] = {"cpu": ("recurrent", "chunk")}
 
 
 def _check_inputs(q, k, v, beta, log_decay, form, chunk_size, initial_state, segment_ids):
-  b, t, h, dk, dv = common.check_qkv(q, k, v)
-  common.check_beta(beta, (b, t, h), "[B, T, H]")
+  """The sequence op's checks; returns ``(B, T, Hv, K, V)`` (``Hv`` the value heads)."""
+  b, t, _, dk, dv = common.check_qkv(q, k, v, grouped=True)
+  h = v.shape[2]
+  common.check_beta(beta, (b, t, h), "[B, T, Hv], Hv the heads of v")
   common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
   common.check_sequence_args(form, chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv),
                              auto=True)
@@ -112,10 +114,16 @@ def delta_rule(
   ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`` with
   ``a_t = exp(log_decay_t)`` (1 without a gate), ``o_t = scale * S_t^T q_t``.
 
+  Grouped value heads: ``q, k`` may have fewer heads ``Hk`` than ``v``'s ``Hv``
+  (``Hv`` a multiple of ``Hk``, as Qwen3-Next's 16 key and 32 value heads); value
+  head ``h`` reads query/key head ``h // (Hv // Hk)`` (transformers'
+  ``repeat_interleave``), without repeating ``q, k`` in memory. ``beta``,
+  ``log_decay`` and the state are per value head. ``H`` below is ``Hv``.
+
   Args:
-    q: ``[B, T, H, K]`` queries.
-    k: ``[B, T, H, K]`` keys, expected L2-normalised over ``K`` by the caller.
-    v: ``[B, T, H, V]`` values.
+    q: ``[B, T, Hk, K]`` queries.
+    k: ``[B, T, Hk, K]`` keys, expected L2-normalised over ``K`` by the caller.
+    v: ``[B, T, H, V]`` values (``H`` a multiple of ``Hk``).
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked only when the
       value is concrete, i.e. not under ``jit``/``grad``/``vmap``).
     log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0``, ``-inf``
@@ -210,14 +218,15 @@ def _forward(*args, form, gradient_form, chunk_size):
 def _forms(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, form, chunk_size):
   """Checked inputs in, ``(o, state)`` out."""
   acc = common.acc_dtype(q.dtype)
-  # Work in [B, H, T, *]: heads become a batch axis of every matmul.
-  qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
+  b, _, hk, dk = q.shape
+  # Work in [B, Hk, G, T, *]: heads become batch axes of every matmul, and q, k (G = 1)
+  # broadcast over the value heads of their group instead of being repeated.
+  grouped = lambda x: None if x is None else common.group_heads(x, hk).astype(acc)
+  qh, kh, vh, bh = (grouped(x) for x in (q, k, v, beta))
   qh = qh * jnp.asarray(scale, acc)
-  bh = jnp.swapaxes(beta, 1, 2).astype(acc)
-  g = None if log_decay is None else jnp.swapaxes(log_decay, 1, 2).astype(acc)
-  g = common.floor_log_decay(g)  # -inf (a hard reset) would give inf - inf in the cumsums
+  g = common.floor_log_decay(grouped(log_decay))  # -inf would give inf - inf in the cumsums
   seg = None if segment_ids is None else common.segment_index(segment_ids)
-  s0 = None if initial_state is None else initial_state.astype(acc)
+  s0 = None if initial_state is None else _group_state(initial_state.astype(acc), hk)
 
   if form == "recurrent":
     o, state = _recurrent(qh, kh, vh, bh, g, s0, seg)
@@ -225,7 +234,17 @@ def _forms(q, k, v, beta, log_decay, initial_state, segment_ids, scale, *, form,
     o, state = _parallel(qh, kh, vh, bh, g, s0, seg)
   else:
     o, state = _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size)
-  return jnp.swapaxes(o, 1, 2).astype(q.dtype), state
+  return common.ungroup_heads(o).astype(q.dtype), _ungroup_state(state)
+
+
+def _group_state(x, hk):
+  """``[B, Hv, *]`` -> ``[B, Hk, Hv // Hk, *]`` (a state, or one token's per-value-head input)."""
+  return x.reshape((x.shape[0], hk, x.shape[1] // hk) + x.shape[2:])
+
+
+def _ungroup_state(x):
+  """The inverse of :func:`_group_state`."""
+  return x.reshape((x.shape[0], x.shape[1] * x.shape[2]) + x.shape[3:])
 
 
 def delta_rule_step(
@@ -242,7 +261,8 @@ def delta_rule_step(
 
   Args:
     state: ``[B, H, K, V]`` (float32, or float64).
-    q, k: ``[B, H, K]``; v: ``[B, H, V]``; beta: ``[B, H]`` in ``[0, 2]``.
+    q, k: ``[B, Hk, K]`` (``H`` a multiple of ``Hk``: grouped value heads, as in
+      :func:`delta_rule`); v: ``[B, H, V]``; beta: ``[B, H]`` in ``[0, 2]``.
     log_decay: None or ``[B, H]``, values ``<= 0`` (checked when concrete only).
     scale: output scale; ``None`` means ``K ** -0.5``.
 
@@ -259,8 +279,9 @@ def delta_rule_step(
     ((1, 2, 4), (1, 2, 4, 4))
   """
   common.check_step_state_first(state, "[B, H, K, V]", 4)
-  b, h, dk, dv = common.check_step_qkv(q, k, v)
-  common.check_beta(beta, (b, h), "[B, H]")
+  b, _, dk, dv = common.check_step_qkv(q, k, v, grouped=True)
+  h = v.shape[1]
+  common.check_beta(beta, (b, h), "[B, Hv], Hv the heads of v")
   common.check_log_decay(log_decay, b, h, dk, per_channel=False)
   common.check_step_state("state", state, (b, h, dk, dv), "[B, H, K, V]")
   return _step_forward(q, k, v, beta, log_decay, state, common.resolve_scale(scale, dk))
@@ -268,73 +289,76 @@ def delta_rule_step(
 
 @jax.jit
 def _step_forward(q, k, v, beta, log_decay, state, scale):
-  acc = state.dtype
+  acc, hk = state.dtype, q.shape[1]
+  grouped = lambda x: None if x is None else _group_state(x.astype(acc), hk)
   o, new_state = _step(
-      q.astype(acc) * jnp.asarray(scale, acc), k.astype(acc), v.astype(acc), beta.astype(acc),
-      None if log_decay is None else log_decay.astype(acc), state)
-  return o.astype(q.dtype), new_state
+      q.astype(acc)[:, :, None] * jnp.asarray(scale, acc), k.astype(acc)[:, :, None],
+      grouped(v), grouped(beta), grouped(log_decay), grouped(state))
+  return _ungroup_state(o).astype(q.dtype), _ungroup_state(new_state)
 
 
 def _step(q, k, v, beta, g, state):
-  """Unchecked step on ``[B, H, *]`` arrays; ``q`` already scaled."""
+  """Unchecked step on ``[B, Hk, G, *]`` arrays (``q, k`` with ``G = 1``); ``q`` scaled."""
   if g is not None:
     state = jnp.exp(g)[..., None, None] * state
-  error = v - jnp.einsum("bhk,bhkv->bhv", k, state)
+  error = v - jnp.einsum("...k,...kv->...v", k, state)
   state = state + (beta[..., None] * k)[..., :, None] * error[..., None, :]
-  return jnp.einsum("bhk,bhkv->bhv", q, state), state
+  return jnp.einsum("...k,...kv->...v", q, state), state
 
 
 def _recurrent(qh, kh, vh, bh, g, s0, seg):
-  """Token-by-token ``lax.scan``; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``."""
-  t = qh.shape[2]
+  """Token-by-token ``lax.scan``; inputs ``[B, Hk, G, T, *]`` (``qh, kh`` with ``G = 1``),
+  ``bh, g`` ``[B, Hk, G, T]``."""
+  t = qh.shape[3]
   state = common.zero_state(qh, vh) if s0 is None else s0
   starts = (jnp.zeros(qh.shape[:1] + (t,), bool) if seg is None
             else common.segment_starts(seg))
-  move = lambda x: jnp.moveaxis(x, 2, 0)
+  move = lambda x: jnp.moveaxis(x, 3, 0)
   xs = (move(qh), move(kh), move(vh), move(bh), None if g is None else move(g), starts.T)
 
   def body(s, x):
     q_t, k_t, v_t, b_t, g_t, start = x
     # A segment start is a gate of exactly zero.
-    s = jnp.where(start[:, None, None, None], 0.0, s)
+    s = jnp.where(start[:, None, None, None, None], 0.0, s)
     o_t, s = _step(q_t, k_t, v_t, b_t, g_t, s)
     return s, o_t
 
   state, o = common.remat_scan(body, state, xs)
-  return jnp.moveaxis(o, 0, 2), state
+  return jnp.moveaxis(o, 0, 3), state
 
 
 def _parallel(qh, kh, vh, bh, g, s0, seg):
-  """The ``T x T`` form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``.
+  """The ``T x T`` form; inputs as :func:`_chunk`'s.
 
   The chunk form's algebra (:func:`~linear_attention.engines.delta.terms.delta_chunk_terms`) with one
   chunk of length ``T``: pseudo-values ``D = (I + L)^{-1} (diag(beta) V - diag(beta e^G) K
   S_0)``, outputs ``O = A D + (Q e^G) S_0``, one causal ``T x T`` attention matrix.
   """
-  return _chunk(qh, kh, vh, bh, g, s0, seg, qh.shape[2])
+  return _chunk(qh, kh, vh, bh, g, s0, seg, qh.shape[3])
 
 
 def _chunk(qh, kh, vh, bh, g, s0, seg, chunk_size):
-  """WY / UT-transform chunkwise form; inputs ``[B, H, T, *]``, ``bh, g`` ``[B, H, T]``."""
-  b, h, t, _ = qh.shape
+  """WY / UT-transform chunkwise form; inputs ``[B, Hk, G, T, *]`` (``qh, kh`` with
+  ``G = 1``, broadcast over the group), ``bh, g`` ``[B, Hk, G, T]``."""
+  t = qh.shape[3]
   dv = vh.shape[-1]
   # Everything that does not depend on the entering state, for all chunks at once.
   qg, a, u, w, k_end, chunk_decay = delta_terms.delta_chunk_terms(qh, kh, vh, bh, g, seg, chunk_size)
-  n, c = qg.shape[2:4]
+  n, c = qg.shape[3:5]
 
   def body(state, x):
     u_n, w_n, k_n, a_n = x
-    d = u_n - jnp.einsum("bhck,bhkv->bhcv", w_n, state)
-    new = a_n[..., None, None] * state + jnp.einsum("bhck,bhcv->bhkv", k_n, d)
+    d = u_n - jnp.einsum("...ck,...kv->...cv", w_n, state)
+    new = a_n[..., None, None] * state + jnp.einsum("...ck,...cv->...kv", k_n, d)
     return new, (state, d)
 
   init = common.zero_state(qh, vh) if s0 is None else s0
-  move = lambda x: jnp.moveaxis(x, 2, 0)
+  move = lambda x: jnp.moveaxis(x, 3, 0)
   state, (entering, d) = lax.scan(
       body, init, (move(u), move(w), move(k_end), move(chunk_decay)))
-  entering = jnp.moveaxis(entering, 0, 2)  # [B, H, N, K, V]: the state before each chunk
-  d = jnp.moveaxis(d, 0, 2)  # [B, H, N, C, V]
-  o = (jnp.einsum("bhnik,bhnkv->bhniv", qg, entering)
-       + jnp.einsum("bhnij,bhnjv->bhniv", a, d))
-  o = o.reshape(b, h, n * c, dv)[:, :, :t]
+  entering = jnp.moveaxis(entering, 0, 3)  # [B, Hk, G, N, K, V]: the state before each chunk
+  d = jnp.moveaxis(d, 0, 3)  # [B, Hk, G, N, C, V]
+  o = (jnp.einsum("...ik,...kv->...iv", qg, entering)
+       + jnp.einsum("...ij,...jv->...iv", a, d))
+  o = o.reshape(o.shape[:3] + (n * c, dv))[..., :t, :]
   return o, state

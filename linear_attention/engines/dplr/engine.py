@@ -145,8 +145,15 @@ def dplr_attention(
   ``o_t = scale * S_t^T q_t``. With an ``R`` axis, each token runs ``R`` such
   sub-steps (the decay in the first, the read after the last).
 
+  Grouped value heads: ``q`` may have fewer heads ``Hk`` than the ``H`` of every other
+  argument (``H`` a multiple of ``Hk``); value head ``h`` reads query head
+  ``h // (H // Hk)`` (transformers' ``repeat_interleave``). ``k, a, b`` and ``log_decay``
+  are per value head (in the variants they carry ``beta`` and the per-value-head decays),
+  and so is the state. The query is repeated per value head inside, where it meets the
+  per-value-head decay (``Q e^G`` is per value head whenever the decay is).
+
   Args:
-    q: ``[B, T, H, K]`` queries.
+    q: ``[B, T, Hk, K]`` queries.
     k: ``[B, T, H, K]`` write keys, or ``[B, T, H, R, K]``.
     v: ``[B, T, H, V]`` values, or ``[B, T, H, R, V]``.
     a: ``[B, T, H, K]`` (or ``[B, T, H, R, K]``): the correction's write vector; None
@@ -229,6 +236,7 @@ def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, se
   ``a = -k``, the delta-rule maps', whose chunk form then computes its scores once),
   ``(o, state)`` out; ``o`` in the accumulation dtype (the dtype of ``q`` from the kernel,
   ``pallas=True``)."""
+  q = per_value_head(q, v.shape[2])
   if pallas:
     return kernel.chunk_dplr_attention(q, k, v, a, b, log_decay, scale=scale,
                                        chunk_size=chunk_size, initial_state=initial_state,
@@ -245,6 +253,12 @@ def _run(q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state, se
   with common.forward_mode_needs_a_form(named_form):
     return _forward(q, k, v, a, b, log_decay, initial_state, segment_ids, scale, form=form,
                     gradient_form=gradient_form, chunk_size=chunk_size)
+
+
+def per_value_head(q: Array, h: int, axis: int = 2) -> Array:
+  """``q`` with its ``Hk`` heads (on ``axis``) repeated for the ``h // Hk`` value heads
+  that read each (grouped value heads; ``q`` itself when ``Hk == h``)."""
+  return q if q.shape[axis] == h else jnp.repeat(q, h // q.shape[axis], axis=axis)
 
 
 def _run_in(context, q, k, v, a, b, log_decay, *, scale, form, chunk_size, initial_state,
@@ -459,7 +473,8 @@ def dplr_attention_step(
 
   Args:
     state: ``[B, H, K, V]`` float32 (or float64).
-    q: ``[B, H, K]``; k, a, b: ``[B, H, K]`` or ``[B, H, R, K]``; v: ``[B, H, V]``
+    q: ``[B, Hk, K]`` (grouped value heads as in :func:`dplr_attention`);
+      k, a, b: ``[B, H, K]`` or ``[B, H, R, K]``; v: ``[B, H, V]``
       or ``[B, H, R, V]``; ``a`` None means ``a = -k``.
     log_decay: None, ``[B, H]`` or ``[B, H, K]``, values ``<= 0`` (checked when
       concrete only).
@@ -483,13 +498,15 @@ def dplr_attention_step(
     common.check_float(name, x)
   common.check_rank("q", q, 3)
   bsz, h, dk = q.shape
+  if jnp.ndim(v) >= 2:  # a wrong rank of v is named below
+    h *= common.check_value_groups("v", jnp.shape(v)[1], h, "q")
   if jnp.ndim(named_a) not in (3, 4):
     raise ValueError("a must have shape [B, H, K] (rank one) or [B, H, R, K] (R sub-steps), "
                      f"got {list(jnp.shape(named_a))}.")
   lead = (bsz, h) + ((named_a.shape[2],) if jnp.ndim(named_a) == 4 else ())
   for name, x in (("a", named_a), ("b", b), ("k", k)):
-    common.check_shape(name, x, lead + (dk,), "B, H, K of q and R of a")
-  common.check_shape("v", v, lead + (None,), "B, H of q and R of a")
+    common.check_shape(name, x, lead + (dk,), "B, K of q, H of v and R of a")
+  common.check_shape("v", v, lead + (None,), "B of q and R of a")
   common.check_same_dtype(q=q, v=v)  # k, a, b may be wider, as in dplr_attention
   common.check_step_state("state", state, (bsz, h, dk, v.shape[-1]), "[B, H, K, V]")
   common.check_log_decay(log_decay, bsz, h, dk)
@@ -499,6 +516,7 @@ def dplr_attention_step(
 
 def _step_run(q, k, v, a, b, log_decay, state, scale):
   """Checked one-token inputs (with or without the ``R`` axis) in, ``(o, state)`` out."""
+  q = per_value_head(q, v.shape[1], axis=1)
   if k.ndim == 3:
     k, v, a, b = (None if x is None else x[:, :, None] for x in (k, v, a, b))
   if log_decay is not None and log_decay.ndim == 2:

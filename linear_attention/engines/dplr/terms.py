@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from linear_attention.common import (check_float, check_log_decay, check_rank, check_seq_len,
-                                     check_shape, pad_axis)
+                                     check_shape, check_value_groups, pad_axis)
 from linear_attention.engines import chunks
 
 
@@ -78,21 +78,24 @@ def dplr_chunk_terms(qh, kh, vh, ah, bh, g, seg, chunk_size: int, seg_prev=None)
 
 def check_dplr_inputs(q, k, v, a, b, log_decay):
   """The DPLR engine's array checks (``ops.dplr_attention``, ``kernels.chunk_dplr``):
-  floats; ``q [B, T, H, K]``; ``k, a, b`` ``[B, T, H, K]`` or ``[B, T, H, R, K]``; ``v``
-  with the same leading axes; ``log_decay`` None, ``[B, T, H]`` or ``[B, T, H, K]``.
+  floats; ``q [B, T, Hk, K]``; ``k, a, b`` ``[B, T, H, K]`` or ``[B, T, H, R, K]``; ``v``
+  with the same leading axes; ``log_decay`` None, ``[B, T, H]`` or ``[B, T, H, K]``; ``H``
+  (the heads of ``v``) a multiple of ``Hk`` (grouped value heads, ``Hk = H`` without).
   Returns ``(B, T, H, K, V)``; raises a ValueError naming the first bad argument."""
   for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
     check_float(name, x)
   check_rank("q", q, 4)
   bsz, t, h, dk = q.shape
   check_seq_len(t, "axis 1 of q")
+  if jnp.ndim(v) >= 3:  # a wrong rank of v is named below
+    h *= check_value_groups("v", jnp.shape(v)[2], h, "q")
   if jnp.ndim(a) not in (4, 5):
     raise ValueError("a must have shape [B, T, H, K] (rank one) or [B, T, H, R, K] (R "
                      f"sub-steps per token), got {list(jnp.shape(a))}.")
   lead = (bsz, t, h) + ((a.shape[3],) if jnp.ndim(a) == 5 else ())
   letters = "[B, T, H, R, *]" if len(lead) == 4 else "[B, T, H, *]"
   for name, x in (("a", a), ("b", b), ("k", k)):
-    check_shape(name, x, lead + (dk,), f"{letters} with B, T, H, K of q and R of a")
-  check_shape("v", v, lead + (None,), f"{letters} with B, T, H of q and R of a")
+    check_shape(name, x, lead + (dk,), f"{letters} with B, T, K of q, H of v and R of a")
+  check_shape("v", v, lead + (None,), f"{letters} with B, T of q and R of a")
   check_log_decay(log_decay, bsz, t, h, dk)
   return bsz, t, h, dk, v.shape[-1]

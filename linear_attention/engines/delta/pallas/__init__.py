@@ -74,6 +74,12 @@ direct writes ``Wk^T Wv`` (``_core``'s ``wk, wv``).
 
 ``segment_ids`` (packed sequences) are supported: their masks live entirely
 in the XLA part (as in ``ops.delta``), the kernels never see them.
+
+Grouped value heads (``q, k`` with ``Hk`` heads, ``Hv = G Hk`` value heads): the grid runs
+over the value heads. ``Qg, Am, Ke`` carry the per-value-head gate when there is one, so
+they are built per value head; without a gate they are built once per query/key head and
+the kernels read them at head ``h // G`` (BlockSpec index maps, ``KernelConfig.group``),
+their gradients summed over the group.
 """
 
 from __future__ import annotations
@@ -102,14 +108,21 @@ def _writes(wk, wv):
   return [] if wk is None else [("wk", wk, "rows_k"), ("wv", wv, "rows_v")]
 
 
+def _shared(x, kind, h):
+  """``kind``, or its ``_group`` twin for an input with one head per group of ``cfg.group``
+  value heads (a gate-free delta rule's ``Qg, Am, Ke``: read at head ``h // group``)."""
+  return kind if x.shape[1] == h else kind + "_group"
+
+
 def _forward_call(cfg, qg, am, u, w, ke, decay, s0, wk, wv):
-  b, h, tp, kp = qg.shape
-  vp = u.shape[-1]
+  b, h, vp = u.shape[0], u.shape[1], u.shape[-1]
+  tp, kp = qg.shape[2:]
   # DPLR: o in float32, the state-independent A_qk V is added to it outside.
   o_dtype = jnp.float32 if cfg.dplr else qg.dtype
   out = _call("fwd", cfg, [
-      ("qg", qg, "rows_k"), ("am", am, "rows_c"), ("u", u, "rows_v"), ("w", w, "rows_k"),
-      ("ke", ke, "rows_k")] + _writes(wk, wv) + [
+      ("qg", qg, _shared(qg, "rows_k", h)), ("am", am, _shared(am, "rows_c", h)),
+      ("u", u, "rows_v"), ("w", w, "rows_k"),
+      ("ke", ke, _shared(ke, "rows_k", h))] + _writes(wk, wv) + [
       ("decay", decay, "decay"), ("s0", s0, "state")], [
       ("o", jax.ShapeDtypeStruct((b, h, tp, vp), o_dtype), "rows_v"),
       ("st", jax.ShapeDtypeStruct((b, h, kp, vp), jnp.float32), "state")],
@@ -132,19 +145,21 @@ def _core_fwd(cfg, *args):
 def _core_bwd(cfg, res, cts):
   qg, am, u, w, ke, decay, s0, wk, wv = res
   do, dst = cts
-  b, h, tp, kp = qg.shape
-  vp = u.shape[-1]
+  b, h, vp = u.shape[0], u.shape[1], u.shape[-1]
+  tp, kp = qg.shape[2:]
   c = cfg.chunk
   n = tp // c
   kw = dict(n_chunks=n, kp=kp, vp=vp)
   f32 = jnp.float32
   fwd = _call("states", cfg, [
-      ("u", u, "rows_v"), ("w", w, "rows_k"), ("ke", ke, "rows_k")] + _writes(wk, wv) + [
+      ("u", u, "rows_v"), ("w", w, "rows_k"), ("ke", ke, _shared(ke, "rows_k", h))]
+      + _writes(wk, wv) + [
       ("decay", decay, "decay"), ("s0", s0, "state")], [
       ("states", jax.ShapeDtypeStruct((b, h, n * kp, vp), f32), "states"),
       ("d", jax.ShapeDtypeStruct((b, h, tp, vp), f32), "rows_v")], **kw)
   bwd = _call("bwd", cfg, [
-      ("qg", qg, "rows_k"), ("am", am, "rows_c"), ("w", w, "rows_k"), ("ke", ke, "rows_k"),
+      ("qg", qg, _shared(qg, "rows_k", h)), ("am", am, _shared(am, "rows_c", h)),
+      ("w", w, "rows_k"), ("ke", ke, _shared(ke, "rows_k", h)),
       ("decay", decay, "decay"), ("do", do, "rows_v"), ("dst", dst, "state")], [
       ("dd", jax.ShapeDtypeStruct((b, h, tp, vp), f32), "rows_v"),
       ("dsl", jax.ShapeDtypeStruct((b, h, n * kp, vp), f32), "states"),
@@ -155,7 +170,9 @@ def _core_bwd(cfg, res, cts):
   d, dd, dof = chunks(fwd["d"]), chunks(bwd["dd"]), chunks(do)  # [B, H, N, C, Vp]
   precision = jax.lax.Precision.HIGHEST if cfg.exact_dots else None
   mm = functools.partial(jnp.einsum, precision=precision)
-  rows = lambda x, like: x.reshape(like.shape).astype(like.dtype)
+  # A group-shared input's gradient is the sum over the value heads of its group.
+  rows = lambda x, like: x.reshape((b, like.shape[1], -1) + x.shape[2:]).sum(2).reshape(
+      like.shape).astype(like.dtype)
   dqg = mm("bhncv,bhnkv->bhnck", dof, s)
   dam = mm("bhniv,bhnjv->bhnij", dof, d)
   dw = mm("bhncv,bhnkv->bhnck", dd, s)
@@ -177,19 +194,28 @@ _core.defvjp(_core_fwd, _core_bwd)
 def _prepare(q, k, v, beta, log_decay, seg, scale, c):
   """The state-independent chunk quantities, for all chunks at once (XLA).
 
-  Inputs in the ops' layout (``[B, T, H, *]``; ``seg`` from
-  ``common.segment_index`` or None). Returns float32
-  ``(qg, am, u, w, ke)``, each ``[B, H, N, C, *]`` (``am``: ``[..., C, C]``),
-  and ``decay [B, H, N]``: :func:`~linear_attention.engines.delta.terms.delta_chunk_terms`,
+  Inputs in the ops' layout (``[B, T, H, *]``, ``q, k`` with ``Hk`` heads and the rest
+  with ``Hv``; ``seg`` from ``common.segment_index`` or None). Returns float32
+  ``(qg, am, u, w, ke)``, each ``[B, Hv, N, C, *]`` (``am``: ``[..., C, C]``),
+  and ``decay [B, Hv, N]``: :func:`~linear_attention.engines.delta.terms.delta_chunk_terms`,
   the same quantities as the XLA chunk form builds before its scan.
   """
   acc = jnp.float32
-  qh, kh, vh = (jnp.swapaxes(x, 1, 2).astype(acc) for x in (q, k, v))
-  bh = jnp.swapaxes(beta, 1, 2).astype(acc)
+  b, hk, hv = q.shape[0], q.shape[2], v.shape[2]
+  grouped = lambda x: None if x is None else common.group_heads(x, hk).astype(acc)
+  qh, kh, vh, bh = (grouped(x) for x in (q, k, v, beta))
   # -inf (a hard reset) would give inf - inf in the cumulative sums: floored.
-  g = None if log_decay is None else common.floor_log_decay(
-      jnp.swapaxes(log_decay, 1, 2).astype(acc))
-  return delta_terms.delta_chunk_terms(qh * jnp.asarray(scale, acc), kh, vh, bh, g, seg, c)
+  g = common.floor_log_decay(grouped(log_decay))
+  terms = delta_terms.delta_chunk_terms(qh * jnp.asarray(scale, acc), kh, vh, bh, g, seg, c)
+  # [B, Hk, G, ...] -> [B, Hv, ...] (one kernel program per value head), except what has
+  # no per-value-head factor (a gate-free call's Qg, Am, Ke): [B, Hk, ...], read by the
+  # kernels at head h // G. The chunk decays (small) always per value head.
+  flat = lambda x: x.reshape((b, hk) + x.shape[3:]) if x.shape[2] == 1 < hv // hk else (
+      jnp.broadcast_to(x, (b, hk, hv // hk) + x.shape[3:]).reshape((b, hv) + x.shape[3:]))
+  *rest, decay = terms
+  return tuple(flat(x) for x in rest) + (
+      jnp.broadcast_to(decay, (b, hk, hv // hk) + decay.shape[3:]).reshape(
+          (b, hv) + decay.shape[3:]),)
 
 
 # ------------------------------------------------------------------- public API
@@ -230,10 +256,11 @@ def chunk_delta_attention(
   ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`` with
   ``a_t = exp(log_decay_t)`` (1 without a gate), ``o_t = scale * S_t^T q_t``;
   the same function as ``ops.delta_rule(form="chunk")``. Differentiable in
-  ``q, k, v, beta, log_decay, initial_state``.
+  ``q, k, v, beta, log_decay, initial_state``. Grouped value heads as in
+  ``ops.delta_rule``: ``q, k`` may have ``Hk`` heads, ``H`` a multiple of ``Hk``.
 
   Args:
-    q, k: ``[B, T, H, K]`` (keys expected L2-normalised by the caller);
+    q, k: ``[B, T, Hk, K]`` (keys expected L2-normalised by the caller);
       v: ``[B, T, H, V]`` (float32, bfloat16 or float16, one dtype).
     beta: ``[B, T, H]`` write strengths in ``[0, 2]`` (checked when concrete).
     log_decay: None (DeltaNet) or ``[B, T, H]`` values ``<= 0`` (Gated DeltaNet).
@@ -252,8 +279,9 @@ def chunk_delta_attention(
   Returns:
     ``o`` ``[B, T, H, V]`` in the dtype of ``q``, or ``(o, state)``.
   """
-  b, t, h, dk, dv = common.check_qkv(q, k, v)
-  common.check_beta(beta, (b, t, h), "[B, T, H]")
+  b, t, _, dk, dv = common.check_qkv(q, k, v, grouped=True)
+  h = v.shape[2]
+  common.check_beta(beta, (b, t, h), "[B, T, Hv], Hv the heads of v")
   common.check_log_decay(log_decay, b, t, h, dk, per_channel=False)
   common.check_sequence_args("chunk", chunk_size, segment_ids, b, t, initial_state, (b, h, dk, dv))
   if block_sizes is None:  # the default depends on the dtype too
@@ -273,20 +301,21 @@ def chunk_delta_attention(
 def _chunk_delta(q, k, v, beta, log_decay, initial_state, segment_ids, *, scale, chunk,
                  block_sizes, platform, interpret):
   """The XLA preparation, layout and padding around :func:`_core`."""
-  b, t, h, dk = q.shape
-  dv = v.shape[-1]
+  b, t, _, dk = q.shape
+  h, dv = v.shape[2:]
   kp, vp = blocks.pad_dim(dk, platform), blocks.pad_dim(dv, platform)
   bv = blocks.value_block(vp, block_sizes.block_v, platform)
   vp = dispatch.round_up(vp, bv)
   cfg = KernelConfig(chunk=chunk, block_v=bv, platform=platform, interpret=interpret,
                      exact_dots=jnp.dtype(q.dtype) == jnp.float32,
-                     num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages)
+                     num_warps=block_sizes.num_warps, num_stages=block_sizes.num_stages,
+                     group=h // q.shape[2])
   seg = None if segment_ids is None else common.segment_index(segment_ids)
   qg, am, u, w, ke, decay = _prepare(q, k, v, beta, log_decay, seg, scale, chunk)
   tp = decay.shape[-1] * chunk
 
   def rows(x, width):  # [B, H, N, C, D] -> [B, H, Tp, width] in the input dtype, zero padded
-    x = x.reshape(b, h, tp, x.shape[-1])
+    x = x.reshape(b, x.shape[1], tp, x.shape[-1])
     return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - x.shape[-1]))).astype(q.dtype)
 
   s0 = jnp.zeros((b, h, kp, vp), jnp.float32)

@@ -104,6 +104,9 @@ class KernelConfig:
   dplr: bool = False
   num_warps: int | None = None
   num_stages: int | None = None
+  # Value heads per query/key head: inputs of a "*_group" spec kind hold one head per
+  # group and are read at head h // group (grouped value heads).
+  group: int = 1
 
 
 def _dot(a, b, dims, cfg: KernelConfig, dtype):

@@ -67,6 +67,10 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, kp: int, reverse: bool):
   return {
       "rows_k": pl.BlockSpec((None, None, c, kp), lambda b, h, jv, n: (b, h, ch(n), 0)),
       "rows_c": pl.BlockSpec((None, None, c, c), lambda b, h, jv, n: (b, h, ch(n), 0)),
+      "rows_k_group": pl.BlockSpec((None, None, c, kp),
+                                   lambda b, h, jv, n: (b, h // cfg.group, ch(n), 0)),
+      "rows_c_group": pl.BlockSpec((None, None, c, c),
+                                   lambda b, h, jv, n: (b, h // cfg.group, ch(n), 0)),
       "rows_v": pl.BlockSpec((None, None, c, bv), lambda b, h, jv, n: (b, h, ch(n), jv)),
       "decay": pl.BlockSpec((None, None, None, blocks.decay_rows(cfg, kp), 1),
                             lambda b, h, jv, n: (b, h, ch(n), 0, 0)),
@@ -82,7 +86,8 @@ def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int,
          vp: int):
   """Runs the ``kind`` kernel; arguments as in :func:`..triton.call`. The backward
   (``"bwd"``) visits the chunks last to first."""
-  b, h, _ = inputs[0][1].shape[:3]
+  b = inputs[0][1].shape[0]
+  h = next(x.shape[1] for _, x, s in inputs if s == "state")  # the value heads
   # The decay column [B, H, N, rows] as (rows, 1) blocks: the last two dims are whole.
   inputs = [(n, x.reshape(b, h, n_chunks, -1, 1) if s == "decay" else x, s)
             for n, x, s in inputs]

@@ -55,6 +55,10 @@ def _specs(cfg: blocks.KernelConfig, n_chunks: int, tp: int, kp: int):
   return {
       "rows_k": pl.BlockSpec((None, None, tp, kp), lambda b, h, jv: (b, h, 0, 0)),
       "rows_c": pl.BlockSpec((None, None, tp, cfg.chunk), lambda b, h, jv: (b, h, 0, 0)),
+      "rows_k_group": pl.BlockSpec((None, None, tp, kp),
+                                   lambda b, h, jv: (b, h // cfg.group, 0, 0)),
+      "rows_c_group": pl.BlockSpec((None, None, tp, cfg.chunk),
+                                   lambda b, h, jv: (b, h // cfg.group, 0, 0)),
       "rows_v": pl.BlockSpec((None, None, tp, bv), lambda b, h, jv: (b, h, 0, jv)),
       "decay": pl.BlockSpec((None, None, n_chunks * blocks.decay_rows(cfg, kp), 1),
                             lambda b, h, jv: (b, h, 0, 0)),
@@ -73,7 +77,8 @@ def call(kind: str, cfg: blocks.KernelConfig, inputs, outputs, *, n_chunks: int,
   ``inputs``: ``[(name, array [B, H, ...], spec kind)]``; ``outputs``:
   ``[(name, ShapeDtypeStruct, spec kind)]``. Returns ``{name: array}``.
   """
-  b, h, tp = inputs[0][1].shape[:3]
+  b, tp = inputs[0][1].shape[0], inputs[0][1].shape[2]
+  h = next(x.shape[1] for _, x, s in inputs if s == "state")  # the value heads
   # The decay column [B, H, N, rows] as [B, H, N rows, 1].
   inputs = [(n, x.reshape(b, h, -1, 1) if s == "decay" else x, s) for n, x, s in inputs]
   return dispatch.named_pallas_call(

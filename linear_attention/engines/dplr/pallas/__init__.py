@@ -116,7 +116,8 @@ def chunk_dplr_attention(
   ``ops.dplr_attention(form="chunk")``. Differentiable in every array argument.
 
   Args:
-    q: ``[B, T, H, K]``; its dtype is that of the kernels' dot operands (16-bit
+    q: ``[B, T, Hk, K]`` (``H`` a multiple of ``Hk``: grouped value heads, as in
+      ``ops.dplr_attention``); its dtype is that of the kernels' dot operands (16-bit
       inputs run on the tensor cores; the state is float32 always).
     k, a, b: ``[B, T, H, K]`` or ``[B, T, H, R, K]`` (``R`` sub-steps per token);
       v: ``[B, T, H, V]`` or ``[B, T, H, R, V]``. ``a`` None means ``a = -k`` (KDA's and
@@ -147,6 +148,8 @@ def chunk_dplr_attention(
       "chunk_dplr_attention", unsupported_arguments(q, v), platform, block_sizes,
       ChunkDeltaBlockSizes, interpret)
   blocks.check_chunk(chunk_size, platform)
+  if q.shape[2] != h:  # grouped value heads: one program per value head reads its query
+    q = jnp.repeat(q, h // q.shape[2], axis=2)
   if k.ndim == 4:  # rank one: R = 1
     k, v, a, b = (None if x is None else x[:, :, :, None] for x in (k, v, a, b))
   if log_decay is not None and log_decay.ndim == 3:  # one decay per head, for every channel
