@@ -17,8 +17,8 @@ from typing import Any, Mapping
 import jax
 from flax import nnx
 
+from linear_attention.train import build
 from linear_attention.train import checkpoint as ckpt_lib
-from linear_attention.train import optim
 from linear_attention.train import sharding
 from linear_attention.train import trainer
 from linear_attention.train.rundir import load_config, load_final_metrics  # noqa: F401
@@ -42,9 +42,7 @@ def load_checkpoint(workdir: str, step: int | None = None) -> dict:
 def _restore(workdir: str, config, ds, step: int | None):
   """The run's model and optimiser state restored from ``step`` (default: the newest that
   restores): ``(model, graphdef, state, state shardings, mesh, step)``."""
-  model = trainer.create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
-                               int(config.train.seed))
-  opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
+  model, opt = build._model_and_optimizer(config, ds)
   mesh = sharding.make_mesh(config.mesh)
   graphdef, state = nnx.split((model, opt))
   state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
@@ -77,7 +75,8 @@ def load_model(workdir: str, step: int | None = None):
   from linear_attention import data
 
   config = load_config(workdir)
-  model, _, _, _, _, step = _restore(workdir, config, data.make_dataset(config.data), step)
+  model, _, _, _, _, step = _restore(workdir, config,
+                                     data.make_dataset(build.data_config(config)), step)
   return model, config, step
 
 
@@ -141,8 +140,8 @@ def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None =
   from linear_attention import data
 
   config = load_config(workdir)
-  trained = data.make_dataset(config.data)
-  dcfg = config.data.to_dict()
+  dcfg = build.data_config(config)
+  trained = data.make_dataset(dcfg)
   dcfg.update(dict(data_overrides or {}))
   ds = data.make_dataset(dcfg)
   if (ds.vocab_size, ds.num_classes) != (trained.vocab_size, trained.num_classes):
@@ -158,7 +157,7 @@ def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None =
                                   getattr(ds, "max_targets_per_row", None))
   eval_fn = sharding.under_mesh(eval_fn, mesh)
   res = trainer.evaluate(eval_fn, state, ds, mesh, num_batches, split)
-  if config.data.get("task") == "text":
+  if config.data.get("task") == "text" and not getattr(ds, "tokenizer", ""):
     res["bits_per_byte"] = res["loss"] / math.log(2)
   return {**res, "step": int(step)}
 
