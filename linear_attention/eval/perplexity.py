@@ -9,11 +9,12 @@ Command line::
 tokenized with its ``tokenizer.json`` (or ``--tokenizer``). Prints one line (tokens scored,
 mean NLL in nats, perplexity, bits per byte) and with ``--out`` writes them as JSON.
 
-Windows: the token stream is read in windows of ``seq_len`` tokens starting every ``stride``
-tokens (transformers' sliding-window recipe); each window scores only the tokens no earlier
-window scored, so every token but the first is scored once, with at least
-``seq_len - stride`` tokens of context (all before it when ``seq_len`` covers the text, the
-default). Bits per byte is the total NLL in bits over the UTF-8 bytes of the text.
+Windows: the token stream is read in windows of ``seq_len`` predictions (``seq_len + 1``
+tokens, as the trainer's) starting every ``stride`` tokens (transformers' sliding-window
+recipe); each window scores only the tokens no earlier window scored, so every token but the
+first is scored once, with at least ``seq_len - stride`` tokens of context after the first
+window (all before it when ``seq_len`` covers the text, the default). Bits per byte is the
+total NLL in bits over the UTF-8 bytes of the text.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def token_nlls(model, ids, *, seq_len: int | None = None, stride: int | None = N
   Args:
     model: a language model, ``model(tokens [1, T]) -> logits [1, T, V]`` (causal).
     ids: int token ids ``[n]``, ``n >= 2``.
-    seq_len: window length (default: ``n``, one window).
+    seq_len: predictions per window (default: ``n - 1``, one window).
     stride: tokens between window starts (default: ``seq_len``), ``1 <= stride <= seq_len``.
 
   Raises:
@@ -66,18 +67,18 @@ def token_nlls(model, ids, *, seq_len: int | None = None, stride: int | None = N
   n = len(ids)
   if n < 2:
     raise ValueError(f"ids must hold at least 2 tokens (the first is only context), got {n}.")
-  seq_len = n if seq_len is None else int(seq_len)
-  if seq_len < 2:
-    raise ValueError(f"seq_len must be >= 2, got {seq_len}.")
+  seq_len = n - 1 if seq_len is None else int(seq_len)
+  if seq_len < 1:
+    raise ValueError(f"seq_len must be >= 1, got {seq_len}.")
   stride = seq_len if stride is None else int(stride)
   if not 1 <= stride <= seq_len:
     raise ValueError(f"stride must be in 1..seq_len ({seq_len}), got {stride}.")
-  width = min(seq_len, n)
+  width = min(seq_len + 1, n)
   nll_fn = _window_nll_fn()
   out = np.zeros(n - 1, np.float64)
   scored_to = 1  # tokens [1, scored_to) are scored
-  for begin in range(0, n, stride):
-    end = min(begin + width, n)
+  for begin in range(0, n - 1, stride):
+    end = min(begin + seq_len + 1, n)  # the window's tokens; it predicts begin + 1 .. end - 1
     # Right padding to one window shape (one compile): a causal model's earlier logits
     # do not see it.
     window = np.zeros(width, np.int32)
@@ -107,8 +108,7 @@ def perplexity(model, ids, *, seq_len: int | None = None, stride: int | None = N
     9
   """
   nll = token_nlls(model, ids, seq_len=seq_len, stride=stride)
-  n = len(nll) + 1
-  seq_len = n if seq_len is None else int(seq_len)
+  seq_len = len(nll) if seq_len is None else int(seq_len)
   res = {"tokens": len(nll), "mean_nll": float(nll.mean()),
          "perplexity": float(math.exp(nll.mean())), "seq_len": seq_len,
          "stride": seq_len if stride is None else int(stride)}
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                               description="Perplexity of a transformers checkpoint on a text file.")
   p.add_argument("checkpoint", help="transformers checkpoint directory (config.json, safetensors)")
   p.add_argument("text_file", help="UTF-8 text file")
-  p.add_argument("--seq_len", type=int, default=None, help="window length (default: the whole text)")
+  p.add_argument("--seq_len", type=int, default=None, help="predictions per window (default: the whole text)")
   p.add_argument("--stride", type=int, default=None, help="tokens between windows (default: seq_len)")
   p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the checkpoint's)")
   p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
