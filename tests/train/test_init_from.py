@@ -165,3 +165,32 @@ def test_bad_init_from_and_save_hf_without_it_are_refused(tuned, tmp_path):
   with c.unlocked():
     c.save_hf = str(tmp_path / "hf")
   _refused(c, tmp_path, r"config.save_hf=.*set config.init_from")
+
+
+def test_readme_commands_run_on_the_fixture(tuned, tmp_path):
+  """The README's "Generate, evaluate, fine-tune and save back" commands, on the fixture
+  (the fine-tune cut to two steps of 16 tokens)."""
+  import re
+  import shlex
+  ckpt, text, _, _ = tuned
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  block = re.search(r"### Generate, evaluate, fine-tune and save back.*?```bash\n(.*?)```",
+                    readme, re.S).group(1)
+  lines = [ln for ln in block.replace("\\\n", " ").splitlines()
+           if ln.strip() and not ln.startswith("#")]
+  assert len(lines) == 4
+  for line in lines:
+    line = (line.replace("ckpt/mamba-130m", str(ckpt)).replace("book.txt", str(text))
+            .replace("runs/ft", str(tmp_path / "ft")).replace("size=small", "size=smoke"))
+    args = shlex.split(line)
+    assert args[:2] == ["python", "-m"], line
+    if "configs/finetune.py" in line:
+      args += ["--config.data.seq_len=16", "--config.train.steps=2", "--quiet"]
+    p = subprocess.run([sys.executable] + args[1:], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, (line, p.stderr[-2000:])
+    if "perplexity" in line:
+      assert re.match(r"\d+ tokens  mean NLL [\d.]+ nats  perplexity [\d.]+  bits/byte", p.stdout)
+    if "--sample" in line:
+      assert p.stdout.startswith("The river")
+  assert (tmp_path / "ft" / "hf" / "model.safetensors").is_file()
