@@ -20,6 +20,12 @@ through Gloo. Two processes on one machine::
 When one process dies, the others fail at their next collective with one ``error:`` line
 (exit 1); rerunning every process resumes from the last checkpoint.
 
+Fine-tuning a transformers checkpoint (``linear_attention.hub``) on text with its own
+tokenizer, the result written back as a checkpoint to ``runs/ft/hf``::
+
+    python -m linear_attention.main --config=configs/finetune.py --workdir=runs/ft \
+      --config.init_from=ckpt/mamba-130m --config.data.text_file=book.txt
+
 JAX's own flags are accepted too (``--jax_platforms=cpu``, ``--jax_enable_x64``, ...).
 
 Exit status (``linear_attention.train.errors.EXIT_CODES``); the last line of a failure is

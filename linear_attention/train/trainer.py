@@ -7,7 +7,9 @@ same ``workdir`` resumes from the latest complete checkpoint; since a batch is a
 function of (seed, split, step), the resumed run is the uninterrupted one, bit for bit on CPU.
 
 Config fields used (see ``configs/common.py``): ``model.*``, ``optim.*``, ``train.*``,
-``mesh.*`` and ``data`` (passed to ``data.make_dataset``).
+``mesh.*``, ``data`` (passed to ``data.make_dataset``), and ``init_from`` / ``save_hf``: a
+transformers checkpoint to fine-tune instead of a ``model.*`` model, and where the trained
+model is written back with ``hub.save_pretrained`` (``configs/finetune.py``).
 """
 
 from __future__ import annotations
