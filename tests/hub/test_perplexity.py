@@ -87,3 +87,18 @@ def test_command_line_on_a_text_file(tmp_path, capsys):
 def test_docstring_examples_run(monkeypatch):
   monkeypatch.chdir(FIXTURES.parents[2])  # the examples name the fixture from the repo root
   assert doctest.testmod(ppl).failed == 0
+
+
+def test_help_imports_no_jax():
+  import os
+  import subprocess
+  import sys
+  root = FIXTURES.parents[2]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = str(root)
+  p = subprocess.run([sys.executable, "-X", "importtime", "-m", "linear_attention.eval.perplexity",
+                      "--help"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+  assert p.returncode == 0 and "--seq_len" in p.stdout and "--stride" in p.stdout
+  imported = {ln.rpartition("|")[2].strip().split(".")[0] for ln in p.stderr.splitlines()
+              if ln.startswith("import time:")}
+  assert "jax" not in imported
