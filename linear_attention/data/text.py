@@ -123,10 +123,19 @@ def split_bounds(name: str) -> dict[str, tuple[int, int]]:
   return _bounds(load_corpus(name), newline=ord("\n"))
 
 
-@functools.lru_cache(maxsize=4)
 def load_text(corpus: str, text_file: str, tokenizer: str) -> np.ndarray:
-  """The token stream of a text source, cached: ``corpus`` (or ``text_file`` when non-empty)
-  as bytes (uint8), or as the ids of ``tokenizer`` (int32) when non-empty."""
+  """The token stream of a text source, cached (until a file changes): ``corpus`` (or
+  ``text_file`` when non-empty) as bytes (uint8), or as the ids of ``tokenizer`` (int32)
+  when non-empty."""
+  def stamp(path):
+    path = os.path.expanduser(path)
+    return (os.path.getmtime(path), os.path.getsize(path)) if os.path.isfile(path) else None
+  return _load_text(corpus, text_file, tokenizer, stamp(text_file) if text_file else None,
+                    stamp(tokenizer) if tokenizer else None)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_text(corpus: str, text_file: str, tokenizer: str, *stamps) -> np.ndarray:
   if text_file:
     path = os.path.expanduser(text_file)
     if not os.path.isfile(path):
