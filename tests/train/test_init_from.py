@@ -123,6 +123,16 @@ def test_sample_flag_on_a_checkpoint_directory(tuned):
   assert p.stdout.split()[:2] == ["the", "dog"] and len(p.stdout.split()) == 5
 
 
+def test_abstract_check_builds_the_checkpoint_model(tuned):
+  """``check_run(abstract=True)`` (a config check without training) builds the checkpoint's
+  model shapes, reading no weights."""
+  from linear_attention.train import trainer
+  ckpt, text, _, _ = tuned
+  ds, model, _, _ = trainer.check_run(finetune_config(ckpt, text), abstract=True)
+  assert model.vocab_size == ds.vocab_size == 64
+  assert json.loads(model.hub_config)["model_type"] == "mamba"
+
+
 def _refused(cfg, tmp_path, match):
   with pytest.raises(errors.ConfigError, match=match):
     train.train_and_evaluate(cfg, str(tmp_path / "refused"), verbose=False)
