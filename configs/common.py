@@ -38,6 +38,11 @@ Fields:
             accum_steps (each batch's gradient summed over that many micro-batches inside
             the step, a lax.scan: the same update with 1/accum_steps of the activations;
             data.batch_size must be divisible by accum_steps times the data devices).
+  init_from a transformers checkpoint directory (``""``: none): the model is built from its
+            ``config.json`` and weights (``linear_attention.hub``) instead of ``model.*``,
+            and the text data uses its ``tokenizer.json``; see ``configs/finetune.py``.
+  save_hf   where a run from ``init_from`` writes the trained model as a transformers
+            checkpoint (``""``: ``<workdir>/hf``).
   mesh.*    data (devices on the data axis, -1 = all left by seq), fsdp (shard params and
             optimizer state over that axis instead of replicating them), seq (devices the
             sequence is split over, context parallelism; 1 = off; it must divide
@@ -157,6 +162,8 @@ def base_config(task: str) -> ml_collections.ConfigDict:
       early_stop_metric="", early_stop_value=0.0, steps_per_dispatch=10,
       accum_steps=1))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=False, seq=1))
+  c.init_from = ""
+  c.save_hf = ""
   return c
 
 

@@ -30,7 +30,7 @@ _xla_workarounds.apply()  # before anything imports JAX
 __version__ = "0.1.0"
 
 # Loaded by attribute access (PEP 562); ``from linear_attention import ops`` imports as usual.
-_SUBPACKAGES = ("common", "data", "engines", "hub", "io", "models", "nn", "ops", "train")
+_SUBPACKAGES = ("common", "data", "engines", "eval", "hub", "io", "models", "nn", "ops", "train")
 
 
 def __getattr__(name: str):

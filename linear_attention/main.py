@@ -20,6 +20,12 @@ through Gloo. Two processes on one machine::
 When one process dies, the others fail at their next collective with one ``error:`` line
 (exit 1); rerunning every process resumes from the last checkpoint.
 
+Fine-tuning a transformers checkpoint (``linear_attention.hub``) on text with its own
+tokenizer, the result written back as a checkpoint to ``runs/ft/hf``::
+
+    python -m linear_attention.main --config=configs/finetune.py --workdir=runs/ft \
+      --config.init_from=ckpt/mamba-130m --config.data.text_file=book.txt
+
 JAX's own flags are accepted too (``--jax_platforms=cpu``, ``--jax_enable_x64``, ...).
 
 Exit status (``linear_attention.train.errors.EXIT_CODES``); the last line of a failure is
@@ -37,8 +43,11 @@ one ``error: ...`` line:
 - 130: interrupted (a second Ctrl-C, or a Ctrl-C or SIGTERM outside the training loop:
   start-up, final evaluation; nothing trained since the last checkpoint is lost).
 
-``--workdir=DIR --sample=PROMPT`` trains nothing: it prints the text the byte-level model
-trained in ``DIR`` writes after ``PROMPT`` (``--sample_tokens``, ``--temperature``, ``--seed``).
+``--workdir=DIR --sample=PROMPT`` trains nothing: it prints the text the language model
+trained in ``DIR`` (a text run: bytes, or a fine-tune's tokenizer) writes after ``PROMPT``
+(``--sample_tokens``, ``--temperature``, ``--seed``). ``DIR`` may also be a transformers
+checkpoint directory (``linear_attention.hub``), with its ``tokenizer.json``; without one the
+prompt is token ids (``--sample="510 3158"``) and the output too.
 """
 
 from __future__ import annotations
@@ -124,9 +133,10 @@ flags.DEFINE_integer("heartbeat_timeout_s", 100,
                      "dead and the others stop (JAX's default, 100).")
 flags.DEFINE_bool("quiet", False, "No progress output (the final line is still printed).")
 flags.DEFINE_string("sample", None,
-                    "Train nothing: print text the trained byte-level model in --workdir "
-                    "(configs/text_lm.py) writes after this prompt (no --config needed).")
-flags.DEFINE_integer("sample_tokens", 200, "With --sample: bytes to generate.")
+                    "Train nothing: print text the language model in --workdir (a text run, "
+                    "or a transformers checkpoint directory with its tokenizer.json) writes "
+                    "after this prompt (no --config needed).")
+flags.DEFINE_integer("sample_tokens", 200, "With --sample: tokens (bytes) to generate.")
 flags.DEFINE_float("temperature", 0.8, "With --sample: sampling temperature (0: greedy).")
 flags.DEFINE_integer("seed", 0, "With --sample: the sampling seed.")
 

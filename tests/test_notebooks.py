@@ -186,3 +186,18 @@ def test_index_links_every_notebook_and_runs(smoke_results, monkeypatch):
   assert tables, "index.ipynb shows no claims table"
   for s in STUDIES:
     assert f"| {s.name} |" in tables[-1], f"index.ipynb's claims table lacks {s.name}"
+
+
+def test_real_models_notebook_runs(monkeypatch):
+  """``real_models.ipynb`` on the checkpoint it generates (it reads no study results)."""
+  monkeypatch.delenv("LA_CHECKPOINT", raising=False)
+  nb = nbformat.read(NOTEBOOKS / "real_models.ipynb", as_version=4)
+  nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                          resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+  text = "".join(o["text"] for o in _outputs(nb, "stream"))
+  for line in ("qwen3_next: 15,420 parameters, 4 layers",
+               "greedy tokens equal to the forward pass's argmax: 100%",
+               "layers with a recurrent state: [0, 2]",
+               "max |logit difference| after the round trip: 0.0"):
+    assert line in text, text[-2000:]
+  assert any("image/png" in o.get("data", {}) for o in _outputs(nb, "display_data"))

@@ -43,6 +43,7 @@ _TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     }),
     "text": ("text:TextDataset", {
         "batch_size": 32, "seq_len": 512, "corpus": "kjv", "num_eval_batches": 0,
+        "text_file": "", "tokenizer": "",
     }),
 }
 

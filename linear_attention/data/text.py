@@ -14,11 +14,16 @@ Corpora (``config.corpus``):
   and files are separated by an empty line. (The corpus therefore depends on
   the Python version; its size is logged by :func:`describe`.)
 
-Tokens are the raw bytes (vocabulary 256, nothing reserved). Splits are fixed
+``config.text_file`` (a path; default ``""``) reads a UTF-8 text file instead of the corpus.
+
+Tokens are the raw bytes (vocabulary 256, nothing reserved), or with ``config.tokenizer`` (a
+``tokenizer.json`` or a checkpoint directory holding one; default ``""``) the ids that
+tokenizer gives the whole text (its vocabulary; see
+:mod:`~linear_attention.data.tokenizer`). Splits are fixed
 contiguous pieces of the byte stream: train is the first 90%, validation the
 next 5%, test the last 5%, each boundary moved forward to just after the next
 newline (for the KJV this puts validation and test inside the last books of
-the New Testament).
+the New Testament); with a tokenizer the same fractions of the token stream.
 
 Training batches are ``batch_size`` windows of ``seq_len + 1`` bytes starting
 at uniform random offsets of the split (``inputs = w[:-1]``, ``targets =
@@ -115,15 +120,52 @@ def load_corpus(name: str) -> np.ndarray:
 @functools.lru_cache(maxsize=None)
 def split_bounds(name: str) -> dict[str, tuple[int, int]]:
   """``{split: (start, stop)}`` byte offsets of each split of corpus ``name``."""
-  arr = load_corpus(name)
+  return _bounds(load_corpus(name), newline=ord("\n"))
+
+
+def load_text(corpus: str, text_file: str, tokenizer: str) -> np.ndarray:
+  """The token stream of a text source, cached (until a file changes): ``corpus`` (or
+  ``text_file`` when non-empty) as bytes (uint8), or as the ids of ``tokenizer`` (int32)
+  when non-empty."""
+  def stamp(path):
+    path = os.path.expanduser(path)
+    return (os.path.getmtime(path), os.path.getsize(path)) if os.path.isfile(path) else None
+  return _load_text(corpus, text_file, tokenizer, stamp(text_file) if text_file else None,
+                    stamp(tokenizer) if tokenizer else None)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_text(corpus: str, text_file: str, tokenizer: str, *stamps) -> np.ndarray:
+  if text_file:
+    path = os.path.expanduser(text_file)
+    if not os.path.isfile(path):
+      raise ValueError(f"config field 'text_file' must name a text file, got {text_file!r} "
+                       "(no such file).")
+    with open(path, "rb") as f:
+      arr = np.frombuffer(f.read(), dtype=np.uint8)
+  else:
+    arr = load_corpus(corpus)
+  if not tokenizer:
+    return arr
+  from linear_attention.data.tokenizer import load_tokenizer
+  ids = load_tokenizer(tokenizer).encode(arr.tobytes().decode("utf-8", errors="replace"))
+  ids.setflags(write=False)
+  return ids
+
+
+def _bounds(arr: np.ndarray, newline: int | None) -> dict[str, tuple[int, int]]:
+  """The splits' ``(start, stop)`` in ``arr``: :data:`SPLIT_FRACTIONS`, each cut moved to just
+  after the next ``newline`` token when given."""
   n = len(arr)
-  newlines = np.flatnonzero(arr == ord("\n"))
+  newlines = np.flatnonzero(arr == newline) if newline is not None else None
 
   def cut(frac: float) -> int:
     if frac <= 0.0:
       return 0
     if frac >= 1.0:
       return n
+    if newlines is None:
+      return int(frac * n)
     i = np.searchsorted(newlines, int(frac * n))  # first newline at or after the mark
     return int(newlines[i]) + 1 if i < len(newlines) else n
 
@@ -131,7 +173,8 @@ def split_bounds(name: str) -> dict[str, tuple[int, int]]:
 
 
 class TextDataset(Dataset):
-  """Byte-level next-token prediction on ``config.corpus`` (kind ``"lm"``, vocab 256)."""
+  """Next-token prediction on ``config.corpus`` or ``config.text_file`` (kind ``"lm"``): bytes
+  (vocab 256), or the ids of ``config.tokenizer`` (its vocabulary)."""
 
   kind = "lm"
   splits = tuple(SPLIT_FRACTIONS)
@@ -142,14 +185,23 @@ class TextDataset(Dataset):
     if corpus not in CORPORA:
       raise ValueError(f"config field 'corpus' must be one of {list(CORPORA)}, got {corpus!r}.")
     self.corpus = corpus
-    self.vocab_size = 256
-    self._data = load_corpus(corpus)
-    self.bounds = split_bounds(corpus)
+    self.text_file, self.tokenizer = self.config["text_file"], self.config["tokenizer"]
+    self._data = load_text(corpus, self.text_file, self.tokenizer)
+    if self.tokenizer:
+      from linear_attention.data.tokenizer import load_tokenizer
+      self.vocab_size = load_tokenizer(self.tokenizer).vocab_size
+      self.bounds = _bounds(self._data, None)
+    else:
+      self.vocab_size = 256
+      self.bounds = (split_bounds(corpus) if not self.text_file
+                     else _bounds(self._data, ord("\n")))
+    source = repr(self.text_file) if self.text_file else f"corpus {corpus!r}"
+    unit = "tokens" if self.tokenizer else "bytes"
     for split, (a, b) in self.bounds.items():
       if b - a < self.seq_len + 1:
         raise ValueError(
-            f"config field 'seq_len' must be < the {split} split of corpus {corpus!r} "
-            f"({b - a} bytes), got {self.seq_len}.")
+            f"config field 'seq_len' must be < the {split} split of {source} "
+            f"({b - a} {unit}), got {self.seq_len}.")
 
   def split_data(self, split: str) -> np.ndarray:
     """The bytes of ``split``: a read-only uint8 array."""
@@ -188,4 +240,6 @@ class TextDataset(Dataset):
       yield b
 
   def describe(self) -> str:
+    if self.tokenizer:
+      return super().describe() + f" tokens={len(self._data)} vocab={self.vocab_size}"
     return super().describe() + f" corpus_bytes={len(self._data)}"

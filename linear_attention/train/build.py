@@ -7,6 +7,8 @@ lives below both.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Mapping
 
 import jax
@@ -69,7 +71,104 @@ def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
   return nnx.merge(graphdef, jax.jit(lambda: nnx.state(build()))())
 
 
+# ----------------------------------------------------------------------------- init_from
+
+# ``config.model`` fields that a checkpoint's config.json decides: with ``config.init_from``
+# they must keep these "unset" values (configs/finetune.py sets them).
+MODEL_FROM_CHECKPOINT = dict(mixer="", pattern="", d_model=0, num_layers=0, num_heads=0,
+                             mlp_ratio=0.0, short_conv=0)
+# Fields the imported model does not take: they must keep their default.
+MODEL_DEFAULTS_WITH_CHECKPOINT = dict(dtype="float32", param_dtype="float32", remat="none",
+                                      scan_layers=False)
+
+
+def init_from(config: Mapping[str, Any]) -> str:
+  """``config.init_from`` (``""`` when absent: a config written before the field existed)."""
+  return str(config.get("init_from", "") or "")
+
+
+def data_config(config: ml_collections.ConfigDict) -> dict:
+  """``config.data`` as the run reads it: with ``config.init_from`` and no
+  ``data.tokenizer``, text is tokenized with the checkpoint's own ``tokenizer.json``."""
+  d = config.data.to_dict() if hasattr(config.data, "to_dict") else dict(config.data)
+  src = init_from(config)
+  if src and d.get("task") == "text" and not d.get("tokenizer"):
+    from linear_attention.data.tokenizer import find_tokenizer
+    found = find_tokenizer(os.path.expanduser(src))
+    if found:
+      d["tokenizer"] = found
+  return d
+
+
+def check_init_from(config: ml_collections.ConfigDict) -> None:
+  """With ``config.init_from``: the model fields the checkpoint decides are unset, the
+  directory holds a checkpoint of a supported family, and ``save_hf`` has a model to save.
+
+  Raises:
+    ValueError: naming each conflicting ``config.model.<field>`` with its value, or the
+      checkpoint problem.
+  """
+  src = init_from(config)
+  if not src:
+    if config.get("save_hf"):
+      raise ValueError(f"config.save_hf={config.save_hf!r} writes a model imported with "
+                       "config.init_from as a transformers checkpoint; a registry model has no "
+                       "transformers family: set config.init_from, or drop config.save_hf.")
+    return
+  m = config.model
+  given = [f"config.model.{k}={m[k]!r}" for k, unset in MODEL_FROM_CHECKPOINT.items()
+           if k in m and m[k] != unset]
+  given += [f"config.model.{k}={m[k]!r}" for k, d in MODEL_DEFAULTS_WITH_CHECKPOINT.items()
+            if k in m and m[k] != d]
+  if given:
+    raise ValueError(f"config.init_from={src!r} builds the model from the checkpoint's "
+                     f"config.json, but {', '.join(given)} set(s) the model too (expected: "
+                     f"{', '.join(f'{k}={v!r}' for k, v in MODEL_FROM_CHECKPOINT.items())}; "
+                     "dtype float32, remat none); use --config=configs/finetune.py, whose "
+                     "model fields are unset, or drop config.init_from.")
+  from linear_attention.hub import checkpoint, loader
+  loader.family_of(checkpoint.read_config(checkpoint.check_directory(os.path.expanduser(src))))
+
+
+def load_init_model(config: ml_collections.ConfigDict, ds, abstract: bool = False) -> nnx.Module:
+  """The model of ``config.init_from`` in float32 (abstract: built without reading weights,
+  for a caller under ``nnx.eval_shape``), after checking that the data's tokens are the checkpoint's.
+
+  Raises:
+    ValueError: a classification dataset, a data vocabulary larger than the checkpoint's, or
+      byte-level text for a checkpoint without ``tokenizer.json``.
+  """
+  from linear_attention import hub
+  from linear_attention.hub import checkpoint, loader
+  src = os.path.expanduser(init_from(config))
+  if ds.kind != "lm":
+    raise ValueError(f"config.init_from={src!r} is a language model; the dataset "
+                     f"{config.data.get('task')!r} is a {ds.kind!r} task (use a text or token "
+                     "task).")
+  hf_config = checkpoint.read_config(checkpoint.check_directory(src))
+  vocab = int(hf_config.get("vocab_size", 0))
+  if config.data.get("task") == "text" and not getattr(ds, "tokenizer", ""):
+    raise ValueError(f"config.init_from={src!r} has no tokenizer.json, so the text would be "
+                     f"fed as bytes (ids 0..255), not the checkpoint's tokens (vocabulary "
+                     f"{vocab}); put the checkpoint's tokenizer.json in {src!r} or name one "
+                     "with config.data.tokenizer.")
+  if ds.vocab_size > vocab:
+    raise ValueError(f"the data's vocabulary ({ds.vocab_size} ids, data.task="
+                     f"{config.data.get('task')!r}) is larger than the checkpoint's "
+                     f"(vocab_size {vocab} in {src!r}/config.json): its ids would fall outside "
+                     "the embedding; tokenize with the checkpoint's tokenizer.")
+  if abstract:  # (the caller runs under nnx.eval_shape: nothing is initialised)
+    model = loader.family_of(hf_config).build(hf_config, rngs=nnx.Rngs(0), dtype=jnp.float32,
+                                              param_dtype=jnp.float32)
+    model.hub_config = json.dumps(hf_config, sort_keys=True)
+    return model
+  return hub.from_pretrained(src, dtype="float32")
+
+
 def _model_and_optimizer(config: ml_collections.ConfigDict, ds, build: bool = True):
-  make = create_model if build else _build_model
-  model = make(config.model, ds.vocab_size, ds.kind, ds.num_classes, int(config.train.seed))
+  if init_from(config):
+    model = load_init_model(config, ds, abstract=not build)
+  else:
+    make = create_model if build else _build_model
+    model = make(config.model, ds.vocab_size, ds.kind, ds.num_classes, int(config.train.seed))
   return model, optim.make_optimizer(model, config.optim, int(config.train.steps))

@@ -18,7 +18,7 @@ from linear_attention.train import errors
 from linear_attention.train import optim
 from linear_attention.train import rundir
 from linear_attention.train import sharding
-from linear_attention.train.build import _model_and_optimizer
+from linear_attention.train.build import _model_and_optimizer, check_init_from, data_config
 from linear_attention.train.steps import _train_step_fn
 
 EARLY_STOP_METRICS = ("", "accuracy", "loss")
@@ -123,10 +123,11 @@ def check_run(config: ml_collections.ConfigDict, dataset=None, *, abstract: bool
   """
   try:
     _check_config(config)
+    check_init_from(config)
     check_mixer_kwargs(config.model)
     if dataset is None:
       from linear_attention import data  # the trainer's tests can run without the task code
-      dataset = data.make_dataset(config.data)
+      dataset = data.make_dataset(data_config(config))
     ds = dataset
     if abstract:
       model, opt = nnx.eval_shape(lambda: _model_and_optimizer(config, ds, build=False))

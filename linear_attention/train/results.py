@@ -12,13 +12,15 @@ the trainer); every checkpoint read goes through the one wrapper,
 from __future__ import annotations
 
 import math
+import os
+import pathlib
 from typing import Any, Mapping
 
 import jax
 from flax import nnx
 
+from linear_attention.train import build
 from linear_attention.train import checkpoint as ckpt_lib
-from linear_attention.train import optim
 from linear_attention.train import sharding
 from linear_attention.train import trainer
 from linear_attention.train.rundir import load_config, load_final_metrics  # noqa: F401
@@ -42,9 +44,7 @@ def load_checkpoint(workdir: str, step: int | None = None) -> dict:
 def _restore(workdir: str, config, ds, step: int | None):
   """The run's model and optimiser state restored from ``step`` (default: the newest that
   restores): ``(model, graphdef, state, state shardings, mesh, step)``."""
-  model = trainer.create_model(config.model, ds.vocab_size, ds.kind, ds.num_classes,
-                               int(config.train.seed))
-  opt = optim.make_optimizer(model, config.optim, int(config.train.steps))
+  model, opt = build._model_and_optimizer(config, ds)
   mesh = sharding.make_mesh(config.mesh)
   graphdef, state = nnx.split((model, opt))
   state_sh = sharding.state_shardings(state, mesh, bool(config.mesh.fsdp))
@@ -77,42 +77,87 @@ def load_model(workdir: str, step: int | None = None):
   from linear_attention import data
 
   config = load_config(workdir)
-  model, _, _, _, _, step = _restore(workdir, config, data.make_dataset(config.data), step)
+  model, _, _, _, _, step = _restore(workdir, config,
+                                     data.make_dataset(build.data_config(config)), step)
   return model, config, step
+
+
+def is_hf_checkpoint(path: str) -> bool:
+  """Whether ``path`` is a transformers checkpoint directory (weights and a ``config.json``
+  with ``model_type``) rather than a training run directory."""
+  from linear_attention.hub import checkpoint
+  if not any(os.path.isfile(os.path.join(path, f)) for f in (checkpoint.SINGLE, checkpoint.INDEX)):
+    return False
+  try:
+    return "model_type" in checkpoint.read_config(pathlib.Path(path))
+  except ValueError:
+    return False
 
 
 def sample_text(workdir: str, prompt: str, max_new_tokens: int = 200, *,
                 temperature: float = 0.8, top_k: int | None = None, seed: int = 0,
                 step: int | None = None) -> str:
-  """Text that a trained byte-level language model (``configs/text_lm.py``) writes after
-  ``prompt``: the prompt, then ``max_new_tokens`` sampled bytes decoded as UTF-8 (an
-  incomplete character is replaced).
+  """Text that a trained language model writes after ``prompt``: the prompt, then
+  ``max_new_tokens`` sampled tokens, decoded.
+
+  ``workdir`` is a text run (``configs/text_lm.py``: bytes decoded as UTF-8, an incomplete
+  character replaced; ``configs/finetune.py``: its tokenizer) or a transformers checkpoint
+  directory (loaded with ``linear_attention.hub``; its ``tokenizer.json`` encodes and
+  decodes). A checkpoint without ``tokenizer.json`` takes the prompt as token ids
+  (``"510 3158 8516"``) and returns the ids.
 
   Args:
-    workdir: the run directory; prompt: non-empty text; temperature: 0 is greedy;
-    top_k, seed: sampling (see ``models.generate``); step: the checkpoint (default newest).
+    workdir: the run or checkpoint directory; prompt: non-empty text; temperature: 0 is
+      greedy; top_k, seed: sampling (see ``models.generate``); step: the run's checkpoint
+      (default newest).
 
   Raises:
-    ValueError: not a text run (another task's tokens are not bytes: use
-      :func:`load_model` and ``models.generate``), an empty prompt, or no checkpoint.
+    ValueError: not a text run (another task's tokens are not text: use :func:`load_model`
+      and ``models.generate``), an empty prompt, a checkpoint without ``tokenizer.json`` and
+      a prompt that is not token ids, or no checkpoint.
   """
   import jax.numpy as jnp
   import numpy as np
 
   from linear_attention import models
+  from linear_attention.data.tokenizer import find_tokenizer, load_tokenizer
 
-  config = load_config(workdir)
-  if config.data.get("task") != "text":
-    raise ValueError(f"sample_text needs a byte-level text run (configs/text_lm.py), but "
-                     f"{workdir!r} trained data.task={config.data.get('task')!r}; use "
-                     "load_model() and linear_attention.models.generate for token ids.")
-  ids = np.frombuffer(prompt.encode("utf-8"), np.uint8).astype(np.int32)
+  if is_hf_checkpoint(workdir):
+    from linear_attention import hub
+    tok_path = find_tokenizer(workdir)
+    if tok_path is None:
+      try:
+        ids = np.asarray([int(t) for t in prompt.replace(",", " ").split()], np.int32)
+      except ValueError:
+        raise ValueError(f"{workdir!r} has no tokenizer.json to encode the prompt: copy the "
+                         "checkpoint's tokenizer.json there, or give the prompt as token ids "
+                         f"(e.g. '1 2 3'), got {prompt!r}.") from None
+    model = hub.from_pretrained(workdir)
+  else:
+    config = load_config(workdir)
+    if config.data.get("task") != "text":
+      raise ValueError(f"sample_text needs a text run (configs/text_lm.py or finetune.py), but "
+                       f"{workdir!r} trained data.task={config.data.get('task')!r}; use "
+                       "load_model() and linear_attention.models.generate for token ids.")
+    tok_path = build.data_config(config).get("tokenizer") or None
+    if tok_path is None:
+      ids = np.frombuffer(prompt.encode("utf-8"), np.uint8).astype(np.int32)
+    model = None
+  tok = load_tokenizer(tok_path) if tok_path else None
+  if tok is not None:
+    ids = tok.encode(prompt)
   if not ids.size:
-    raise ValueError("prompt must be non-empty text.")
-  model, _, _ = load_model(workdir, step)
-  out = models.generate(model, jnp.asarray(ids)[None], max_new_tokens, temperature=temperature,
-                        top_k=top_k, key=jax.random.PRNGKey(seed))
-  return bytes(np.asarray(out[0], np.uint8).tolist()).decode("utf-8", errors="replace")
+    raise ValueError("prompt must be non-empty text (and give at least one token).")
+  if model is None:
+    model, _, _ = load_model(workdir, step)
+  out = np.asarray(models.generate(model, jnp.asarray(ids)[None], max_new_tokens,
+                                   temperature=temperature, top_k=top_k,
+                                   key=jax.random.PRNGKey(seed))[0])
+  if tok is not None:
+    return tok.decode(out)
+  if is_hf_checkpoint(workdir):
+    return " ".join(map(str, out.tolist()))
+  return bytes(out.astype(np.uint8).tolist()).decode("utf-8", errors="replace")
 
 
 def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None = None, *,
@@ -141,8 +186,8 @@ def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None =
   from linear_attention import data
 
   config = load_config(workdir)
-  trained = data.make_dataset(config.data)
-  dcfg = config.data.to_dict()
+  dcfg = build.data_config(config)
+  trained = data.make_dataset(dcfg)
   dcfg.update(dict(data_overrides or {}))
   ds = data.make_dataset(dcfg)
   if (ds.vocab_size, ds.num_classes) != (trained.vocab_size, trained.num_classes):
@@ -158,7 +203,7 @@ def evaluate_checkpoint(workdir: str, data_overrides: Mapping[str, Any] | None =
                                   getattr(ds, "max_targets_per_row", None))
   eval_fn = sharding.under_mesh(eval_fn, mesh)
   res = trainer.evaluate(eval_fn, state, ds, mesh, num_batches, split)
-  if config.data.get("task") == "text":
+  if config.data.get("task") == "text" and not getattr(ds, "tokenizer", ""):
     res["bits_per_byte"] = res["loss"] / math.log(2)
   return {**res, "step": int(step)}
 

@@ -37,7 +37,7 @@ RESOLVED_ERROR_LOG = "error.resolved.log"  # error.log of earlier attempts, once
 # Everything else (``model.*``, ``data.*``, ``optim.*``, ``train.seed``) shapes the
 # parameters, the optimiser state or the data stream the checkpoints were made with.
 # model.remat and model.scan_layers change what the backward pass keeps, not the parameters.
-RESUMABLE_FIELDS = ("train.", "mesh.", "model.remat", "model.scan_layers")
+RESUMABLE_FIELDS = ("train.", "mesh.", "model.remat", "model.scan_layers", "save_hf")
 FROZEN_FIELDS = ("train.seed",)
 
 

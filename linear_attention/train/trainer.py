@@ -7,7 +7,9 @@ same ``workdir`` resumes from the latest complete checkpoint; since a batch is a
 function of (seed, split, step), the resumed run is the uninterrupted one, bit for bit on CPU.
 
 Config fields used (see ``configs/common.py``): ``model.*``, ``optim.*``, ``train.*``,
-``mesh.*`` and ``data`` (passed to ``data.make_dataset``).
+``mesh.*``, ``data`` (passed to ``data.make_dataset``), and ``init_from`` / ``save_hf``: a
+transformers checkpoint to fine-tune instead of a ``model.*`` model, and where the trained
+model is written back with ``hub.save_pretrained`` (``configs/finetune.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -41,7 +44,7 @@ from linear_attention.train.rundir import (CONFIG_FILE, FINAL_METRICS_FILE,  # n
 # The model, the steps and the pre-write checks live in their own modules; tests, results.py,
 # experiments and notebooks still reach them as ``trainer.<name>``, so they are re-exported.
 from linear_attention.train.build import (DTYPES, _build_model,  # noqa: F401
-                                          _model_and_optimizer, create_model)
+                                          _model_and_optimizer, create_model, init_from)
 from linear_attention.train.checks import (EARLY_STOP_METRICS, _check_config,  # noqa: F401
                                            _mixer_option_defaults, check_batch,
                                            check_context_parallel, check_first_step,
@@ -51,6 +54,9 @@ from linear_attention.train.steps import (_micro_batches, _train_step_fn,  # noq
                                           make_fused_steps, make_steps)
 
 _make_steps = make_steps  # the name experiments/bench_train.py uses
+# A checkpoint's files besides config.json and the weights that a saved fine-tune keeps.
+HF_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json", "chat_template.jinja")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -440,7 +446,8 @@ class _Run:
     self.num_params = models.count_params(model)
     self.tokens_per_step = ds.batch_size * ds.seq_len
     self.eval_n = int(self.tcfg.eval_batches) if self.tcfg.eval_batches > 0 else None
-    self.is_text = config.data.get("task") == "text"
+    # Bits per byte when the tokens are bytes (a tokenizer's tokens span several).
+    self.is_text = config.data.get("task") == "text" and not getattr(ds, "tokenizer", "")
     self.progress = metrics_lib.Progress(total, start, enabled=self.verbose and self.lead)
     if start and self.lead and not self.verbose:  # quiet (a sweep's point): the log still says it resumed
       print(f"resuming at step {start} of {total} from {self.ckpt.directory}", file=sys.stderr,
@@ -551,6 +558,26 @@ class _Run:
                              f"{ckpt.directory}. Rerun the same command to resume.")
     return last_eval if self.stopped_at is not None else self.run_eval(total)
 
+  def save_hf(self) -> str:
+    """Writes the trained model of a run from ``config.init_from`` as a transformers
+    checkpoint (``config.save_hf``, default ``<workdir>/hf``) with the data's tokenizer and
+    the checkpoint's tokenizer and generation files beside it; returns the directory."""
+    from linear_attention import hub
+    dest = os.path.abspath(os.path.expanduser(self.config.get("save_hf") or
+                                              os.path.join(self.workdir, "hf")))
+    model, _ = nnx.merge(self.graphdef, self.state)
+    hub.save_pretrained(model, dest)
+    src = os.path.expanduser(init_from(self.config))
+    for name in HF_SIDE_FILES:
+      if os.path.isfile(os.path.join(src, name)):
+        shutil.copyfile(os.path.join(src, name), os.path.join(dest, name))
+    if getattr(self.ds, "tokenizer", ""):  # the tokenizer the model was trained with
+      tok = self.ds.tokenizer
+      tok = os.path.join(tok, "tokenizer.json") if os.path.isdir(tok) else tok
+      if os.path.abspath(tok) != os.path.join(dest, "tokenizer.json"):
+        shutil.copyfile(tok, os.path.join(dest, "tokenizer.json"))
+    return dest
+
   def close(self) -> None:
     self.progress.close()
     self.writer.flush()
@@ -569,6 +596,10 @@ class _Run:
     if "loss" in last_train:
       final.update(train_loss=last_train["loss"], train_accuracy=last_train["accuracy"])
     final.update({f"validation_{k}": v for k, v in val.items()})
+    if lead and init_from(self.config):
+      # Before the final metrics: a run stopped in between saves again when rerun.
+      final["hf_dir"] = self.save_hf()
+      self.say(f"saved the trained model as a transformers checkpoint in {final['hf_dir']}")
     if lead:
       metrics_lib.write_json(os.path.join(workdir, FINAL_METRICS_FILE), final)
       # The run finished: an error.log left by an interrupted attempt must not make the

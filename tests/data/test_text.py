@@ -130,3 +130,36 @@ def test_text_validation():
     data.make_dataset(dict(CFG, seq_len=10 ** 7))
   with pytest.raises(ValueError, match="vocab_size"):
     data.make_dataset(dict(CFG, vocab_size=256))  # fixed by the byte vocabulary, not a field
+
+
+def test_text_file_and_tokenizer(tmp_path):
+  """``text_file`` replaces the corpus; ``tokenizer`` turns it into that tokenizer's ids,
+  split by fractions of the token stream; a changed file is read again."""
+  pytest.importorskip("tokenizers")
+  from linear_attention.data.tokenizer import load_tokenizer
+  from tests.hub.tiny_tokenizer import TEXT, train_tokenizer
+  f = tmp_path / "book.txt"
+  f.write_text(TEXT)
+  cfg = dict(task="text", seq_len=16, batch_size=4, text_file=str(f))
+  ds = data.make_dataset(cfg)
+  assert ds.vocab_size == 256 and ds.split_data("train").tobytes() == TEXT.encode()[:len(
+      ds.split_data("train"))]
+  tok = train_tokenizer(tmp_path / "tokenizer.json")
+  ds = data.make_dataset(dict(cfg, tokenizer=tok))
+  ids = load_tokenizer(tok).encode(TEXT)
+  assert ds.vocab_size == 64
+  n = len(ids)
+  assert ds.bounds == {"train": (0, int(0.9 * n)), "validation": (int(0.9 * n), int(0.95 * n)),
+                       "test": (int(0.95 * n), n)}
+  np.testing.assert_array_equal(ds.split_data("validation"), ids[int(0.9 * n):int(0.95 * n)])
+  b = ds.batch(0, split="train")
+  check_contract(ds, b)
+  assert b["inputs"].max() < 64
+  f.write_text(TEXT + TEXT)  # a changed file is not served from the cache
+  assert len(data.make_dataset(dict(cfg, tokenizer=tok))._data) == 2 * n
+  with pytest.raises(ValueError, match="'text_file' must name a text file.*nope.txt"):
+    data.make_dataset(dict(cfg, text_file=str(tmp_path / "nope.txt")))
+  with pytest.raises(ValueError, match="seq_len' must be < the validation split of .*tokens"):
+    data.make_dataset(dict(cfg, tokenizer=tok, seq_len=500))
+  with pytest.raises(ValueError, match="tokenizer: no such file"):
+    data.make_dataset(dict(cfg, tokenizer=str(tmp_path / "none.json")))

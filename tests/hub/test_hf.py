@@ -70,3 +70,34 @@ def test_transformers_shards_load(tmp_path):
   assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
   model = hub.from_pretrained(tmp_path / "sharded")
   assert rel_err(model(jnp.asarray(PROMPT, jnp.int32)), hf_logits(ref)) < 1e-4
+
+
+def test_finetune_save_and_perplexity_against_transformers(tmp_path):
+  """Fine-tune the Mamba fixture two steps (``config.init_from``), save it: transformers
+  loads the result with this project's logits, and the perplexity command's NLL is the one
+  transformers' logits give."""
+  import math
+
+  from configs import finetune
+  from linear_attention import train
+  from linear_attention.data.tokenizer import load_tokenizer
+  from linear_attention.eval import perplexity as ppl
+  from tests.hub.tiny_tokenizer import checkpoint_with_tokenizer
+
+  ckpt = checkpoint_with_tokenizer(tmp_path)
+  c = finetune.get_config("size=smoke")
+  with c.unlocked():
+    c.init_from, c.data.text_file = str(ckpt), str(tmp_path / "text.txt")
+    c.data.seq_len, c.data.batch_size, c.train.steps, c.optim.lr = 16, 2, 2, 1e-2
+  final = train.train_and_evaluate(c, str(tmp_path / "run"), verbose=False)
+  saved = final["hf_dir"]
+  back = transformers.AutoModelForCausalLM.from_pretrained(saved).float().eval()
+  ours = hub.from_pretrained(saved)
+  assert rel_err(ours(jnp.asarray(PROMPT, jnp.int32)), hf_logits(back)) < 1e-4
+  ids = load_tokenizer(saved).encode((tmp_path / "text.txt").read_text())[:200]
+  lg = hf_logits(back, ids[None].astype(np.int64))[0].astype(np.float64)
+  lse = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
+  want = (lse[:-1] - lg[np.arange(len(ids) - 1), ids[1:]]).mean()
+  got = ppl.perplexity(ours, ids)
+  assert got["mean_nll"] == pytest.approx(want, rel=1e-4)
+  assert got["perplexity"] == pytest.approx(math.exp(want), rel=1e-4)

@@ -11,7 +11,7 @@ from configs import common
 from linear_attention import data
 from linear_attention import sweep
 
-CONFIGS = ("text_lm", "mqar", "selective_copying", "induction_heads", "listops")
+CONFIGS = ("text_lm", "mqar", "selective_copying", "induction_heads", "listops", "finetune")
 
 
 @pytest.mark.parametrize("name", CONFIGS)

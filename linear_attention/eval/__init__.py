@@ -1,0 +1,1 @@
+"""Evaluating language models on text: :mod:`~linear_attention.eval.perplexity`."""
