@@ -14,7 +14,7 @@ from flax import nnx
 
 from linear_attention.hub import checkpoint
 from linear_attention.hub import families  # noqa: F401  (registers every family)
-from linear_attention.hub.core import (FAMILIES, Alias, Family, Path, Split, Tensor,
+from linear_attention.hub.core import (FAMILIES, Alias, Constant, Family, Path, Split, Tensor,
                                        check_coverage)
 
 
@@ -95,6 +95,11 @@ def from_pretrained(path, *, dtype=None) -> nnx.Module:
         if e.name in files and not np.array_equal(reader.get(e.name), reader.get(e.of)):
           bad_shapes.append(f"{e.name} (must equal {e.of}: the config ties them)")
         continue
+      if isinstance(e, Constant):
+        if e.name in files and not np.allclose(reader.get(e.name), e.value, rtol=e.rtol, atol=0):
+          bad_shapes.append(f"{e.name} (must equal the value its config gives, within "
+                            f"rtol={e.rtol})")
+        continue
       if isinstance(e, Split):
         values, paths, names = e.load(reader.get(e.name)), e.paths, (e.name,)
       else:
@@ -167,6 +172,10 @@ def save_pretrained(model: nnx.Module, path, *, config: Mapping[str, Any] | None
   def value(p):
     return np.asarray(jax.device_get(variables[p][...])).astype(stored[p])
 
+  constants = [e for e in entries if isinstance(e, Constant)]
+  for c in constants:  # after the parameters, in the order arrays() yields them
+    sizes[c.name] = c.value.size * np.dtype(dtype or c.value.dtype).itemsize
+
   def arrays():
     for t in tensors:
       if isinstance(t, Split):
@@ -174,6 +183,8 @@ def save_pretrained(model: nnx.Module, path, *, config: Mapping[str, Any] | None
         continue
       for name, a in zip(t.names, t.save(value(t.path))):
         yield name, a
+    for c in constants:
+      yield c.name, c.value.astype(dtype or c.value.dtype)
 
   directory = pathlib.Path(os.fspath(path)).expanduser()
   directory.mkdir(parents=True, exist_ok=True)

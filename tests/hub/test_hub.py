@@ -80,8 +80,15 @@ def test_save_pretrained_round_trip(name, tmp_path):
   original = load_file(FIXTURES / name / "model.safetensors")
   written = load_file(out / "model.safetensors")
   assert sorted(written) == sorted(original)
+  config = json.loads((FIXTURES / name / "config.json").read_text())
+  # Buffers the config determines are recomputed: torch's exp and NumPy's differ in the last bit.
+  constants = {e.name: e.rtol for e in hub.family_of(config).tensors(config)
+               if isinstance(e, hub.Constant)}
   for k in original:
-    np.testing.assert_array_equal(written[k], original[k], err_msg=k)
+    if k in constants:
+      np.testing.assert_allclose(written[k], original[k], rtol=constants[k], atol=0, err_msg=k)
+    else:
+      np.testing.assert_array_equal(written[k], original[k], err_msg=k)
   config = json.loads((out / "config.json").read_text())
   assert config["model_type"] == json.loads((FIXTURES / name / "config.json").read_text())[
       "model_type"]
