@@ -187,6 +187,26 @@ def test_unsupported_config_value(tmp_path):
     hub.from_pretrained(d)
 
 
+@pytest.mark.parametrize("key, value", [("sliding_window", 4), ("router_jitter_noise", 0.1),
+                                        ("hidden_act", "gelu")])
+def test_minimax_refuses_what_it_cannot_reproduce(key, value, tmp_path):
+  d = copy_fixture("minimax", tmp_path)
+  config = json.loads((d / "config.json").read_text())
+  config[key] = value
+  (d / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match=f"{key}={value!r} is not supported"):
+    hub.from_pretrained(d)
+
+
+def test_minimax_decay_buffers_must_match_the_config(tmp_path):
+  d = copy_fixture("minimax", tmp_path)
+  tensors = load_file(d / "model.safetensors")
+  tensors["model.layers.0.self_attn.slope_rate"] *= 2
+  save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(ValueError, match="slope_rate .must equal the value its config gives"):
+    hub.from_pretrained(d)
+
+
 def test_hub_name_says_how_to_download():
   with pytest.raises(ValueError, match="huggingface-cli download state-spaces/mamba-130m-hf "
                                        "--local-dir DIR"):
