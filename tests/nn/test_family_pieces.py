@@ -1,6 +1,7 @@
-"""Lightning attention (MiniMax-01's linear layer) against a float32 step-by-step reference,
-forward and gradient, and the blocks' MiniMax residuals (``norm_residual``,
-``residual_alpha``, per-sublayer ``residual_scale``)."""
+"""Layer pieces of the optional hub families: lightning attention (MiniMax-01's linear layer)
+against a float32 step-by-step reference, forward and gradient; the blocks' MiniMax residuals
+(``norm_residual``, ``residual_alpha``, per-sublayer ``residual_scale``); Jamba's weighted
+``dt``/``B``/``C`` norms in ``nn.Mamba``."""
 
 from __future__ import annotations
 
@@ -88,3 +89,27 @@ def test_residual_options_are_checked():
     Block(8, "lightning", 2, residual_scale="2", rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="norm_residual"):
     Block(8, "lightning", 2, norm_residual=True, post_norm=True, rngs=nnx.Rngs(0))
+
+
+def test_mamba_bcdt_norm_weights():
+  """Jamba's weighted dt/B/C norms: ones give Falcon-Mamba's weightless norms; other weights
+  scale the normalised ``dt`` input, ``B`` and ``C`` (so the output moves), and decoding
+  still equals the forward pass."""
+  from linear_attention.nn import recurrent
+  kw = dict(d_state=4, dt_rank=3, bcdt_norm_eps=1e-6, rngs=nnx.Rngs(0))
+  plain = recurrent.Mamba(8, **kw)
+  weighted = recurrent.Mamba(8, bcdt_norm_weights=True, **kw)
+  nnx.update(weighted, nnx.state(plain))  # the shared parameters; norm weights start at ones
+  x = jax.random.normal(jax.random.PRNGKey(5), (2, 9, 8))
+  np.testing.assert_allclose(weighted(x), plain(x), rtol=1e-6, atol=1e-6)
+  for w, n in ((weighted.dt_norm, 3), (weighted.b_norm, 4), (weighted.c_norm, 4)):
+    w.set_value(1.0 + 0.5 * jnp.arange(n, dtype=jnp.float32))
+  y = weighted(x)
+  assert not np.allclose(y, plain(x), atol=1e-4)
+  cache, steps = weighted.init_cache(2, 9), []
+  for t in range(9):
+    out, cache = weighted.decode_step(x[:, t], cache)
+    steps.append(out)
+  np.testing.assert_allclose(np.stack(steps, 1), y, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="bcdt_norm_weights=True needs"):
+    recurrent.Mamba(8, d_state=4, bcdt_norm_weights=True, rngs=nnx.Rngs(0))
