@@ -67,7 +67,8 @@ Building blocks:
   ``[C, 1, W]`` -> ``[W, C]``), :func:`~core.reshaped`, or a :class:`~core.Tensor` with
   your own ``load``/``save``; :class:`~core.Split` for one checkpoint tensor that several
   parameters share (a fused projection); :class:`~core.Alias` for an optional duplicate (a tied
-  ``lm_head.weight``). ``core.check_coverage`` verifies the map against the model at load
+  ``lm_head.weight``); :class:`~core.Constant` for a buffer the config determines (checked
+  at load, written at save). ``core.check_coverage`` verifies the map against the model at load
   and save.
 - tests: add the family to ``tests/hub/make_fixtures.py`` (a tiny transformers config),
   run it with torch installed to write the fixture, and the shared tests in
@@ -75,8 +76,8 @@ Building blocks:
   against transformers itself).
 """
 
-from linear_attention.hub.core import FAMILIES, Alias, Family, Split, Tensor, register
+from linear_attention.hub.core import FAMILIES, Alias, Constant, Family, Split, Tensor, register
 from linear_attention.hub.loader import family_of, from_pretrained, save_pretrained, supported
 
-__all__ = ["FAMILIES", "Alias", "Family", "Split", "Tensor", "family_of", "from_pretrained", "register",
-           "save_pretrained", "supported"]
+__all__ = ["FAMILIES", "Alias", "Constant", "Family", "Split", "Tensor", "family_of",
+           "from_pretrained", "register", "save_pretrained", "supported"]

@@ -59,6 +59,17 @@ class Split:
   save: Callable[[list[np.ndarray]], np.ndarray]
 
 
+@dataclasses.dataclass(frozen=True)
+class Constant:
+  """A checkpoint tensor that the config determines and no parameter holds (a persistent
+  torch buffer: MiniMax's decay tables). Optional at load; when present it must equal
+  ``value`` (float32 rounding allowed, ``rtol``), else the load fails naming it. Written by
+  :func:`~linear_attention.hub.save_pretrained`, so that transformers finds it."""
+  name: str
+  value: np.ndarray
+  rtol: float = 1e-5
+
+
 def same(name: str, path: Path) -> Tensor:
   """A tensor stored as the parameter is (norm weights, ``A_log``, biases, embeddings)."""
   return Tensor(tuple(path), (name,), lambda a: a[0], lambda v: [v])
@@ -157,7 +168,7 @@ def check_coverage(entries: Sequence, variables: Mapping[Path, Any],
     missing = wanted - names
     if missing:
       problems.append(f"tensors missing from the checkpoint: {_format_list(missing)}")
-    aliases = {a.name for a in entries if isinstance(a, Alias)}
+    aliases = {a.name for a in entries if isinstance(a, (Alias, Constant))}
     extra = names - wanted - aliases
     if extra:
       problems.append(f"checkpoint tensors this model does not use: {_format_list(extra)}")

@@ -14,7 +14,7 @@ from flax import nnx
 
 from linear_attention.hub import checkpoint
 from linear_attention.hub import families  # noqa: F401  (registers every family)
-from linear_attention.hub.core import (FAMILIES, Alias, Family, Path, Split, Tensor,
+from linear_attention.hub.core import (FAMILIES, Alias, Constant, Family, Path, Split, Tensor,
                                        check_coverage)
 
 
@@ -79,7 +79,8 @@ def from_pretrained(path, *, dtype=None) -> nnx.Module:
   dtype = _dtype(dtype)
   with checkpoint.Reader(files) as reader:
     if dtype is None:
-      codes = {reader.dtype(n) for n in files}
+      fixed = {e.name for e in family.tensors(config) if isinstance(e, Constant)}
+      codes = {reader.dtype(n) for n in files if n not in fixed}
       float_codes = [c for c in ("F32", "BF16", "F16") if c in codes]
       dtype = checkpoint.DTYPES[float_codes[0]] if float_codes else np.dtype(np.float32)
     jdtype = jnp.dtype(dtype)
@@ -94,6 +95,15 @@ def from_pretrained(path, *, dtype=None) -> nnx.Module:
       if isinstance(e, Alias):
         if e.name in files and not np.array_equal(reader.get(e.name), reader.get(e.of)):
           bad_shapes.append(f"{e.name} (must equal {e.of}: the config ties them)")
+        continue
+      if isinstance(e, Constant):
+        if e.name in files:
+          stored_value = reader.get(e.name)
+          # A 16-bit checkpoint rounds the buffer to 8 (bfloat16) or 11 (float16) bits.
+          rtol = e.rtol if stored_value.dtype.itemsize >= 4 else max(e.rtol, 2.0 ** -8)
+          if not np.allclose(stored_value.astype(np.float32), e.value, rtol=rtol, atol=0):
+            bad_shapes.append(f"{e.name} (must equal the value its config gives, within "
+                              f"rtol={rtol})")
         continue
       if isinstance(e, Split):
         values, paths, names = e.load(reader.get(e.name)), e.paths, (e.name,)
@@ -182,6 +192,10 @@ def save_pretrained(model: nnx.Module, path, *, config: Mapping[str, Any] | None
   def value(p):
     return np.asarray(jax.device_get(variables[p][...])).astype(stored[p])
 
+  constants = [e for e in entries if isinstance(e, Constant)]
+  for c in constants:  # after the parameters, in the order arrays() yields them
+    sizes[c.name] = c.value.nbytes
+
   def arrays():
     for t in tensors:
       if isinstance(t, Split):
@@ -189,6 +203,8 @@ def save_pretrained(model: nnx.Module, path, *, config: Mapping[str, Any] | None
         continue
       for name, a in zip(t.names, t.save(value(t.path))):
         yield name, a
+    for c in constants:  # float32 whatever dtype: a decay near 1 rounds to 1 in bfloat16
+      yield c.name, c.value.astype(np.float32)
 
   directory = pathlib.Path(os.fspath(path)).expanduser()
   directory.mkdir(parents=True, exist_ok=True)

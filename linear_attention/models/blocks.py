@@ -75,7 +75,11 @@ class LayerSpec:
     post_norm: normalise the mixer's and the MLP's outputs instead of their inputs
       (``x + RMSNorm(mixer(x))``, OLMo-2/OLMo-Hybrid's attention layers).
     residual_scale: multiplies the mixer's and the MLP's outputs before each residual add
-      (Granite's ``residual_multiplier``).
+      (Granite's ``residual_multiplier``); a pair ``(mixer's, MLP's)`` scales them apart.
+    residual_alpha: multiplies the residual itself, a number or a pair ``(mixer's, MLP's)``
+      (MiniMax-01's ``*_alpha_factor``; ``residual_scale`` is its ``*_beta_factor``).
+    norm_residual: the residual is the normalised input, ``RMSNorm(x) * alpha + mixer(RMSNorm(x))
+      * scale`` (MiniMax-01's blocks), not ``x``.
   """
   mixer: str | None
   num_heads: int = 1
@@ -86,7 +90,9 @@ class LayerSpec:
   mlp_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   norm_offset: float = 0.0
   post_norm: bool = False
-  residual_scale: float = 1.0
+  residual_scale: float | tuple[float, float] = 1.0
+  residual_alpha: float | tuple[float, float] = 1.0
+  norm_residual: bool = False
 
   def __post_init__(self):
     if self.mixer is None and self.mlp is None:
@@ -99,6 +105,16 @@ class LayerSpec:
     if self.mlp is not None and not (isinstance(self.mlp_hidden, int) and self.mlp_hidden > 0):
       raise ValueError(f"LayerSpec mlp_hidden must be an int > 0 with mlp={self.mlp!r}, got "
                        f"{self.mlp_hidden!r}.")
+
+
+def _pair(name: str, value) -> tuple[float, float]:
+  """A number, or a ``(mixer's, MLP's)`` pair of numbers, as two floats."""
+  values = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+  if len(values) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                             for v in values):
+    raise ValueError(f"{name} must be a number or a (mixer's, MLP's) pair of numbers, got "
+                     f"{value!r}.")
+  return float(values[0]), float(values[1])
 
 
 def mlp_hidden(d_model: int, mlp_ratio: float) -> int:
@@ -126,7 +142,10 @@ class Block(nnx.Module):
     mlp_kwargs: the MLP's options (``mlp="moe"``: :class:`~linear_attention.nn.moe.MoE`'s).
     norm_offset: 1 for zero-centred norm scales (``1 + scale``), else 0.
     post_norm: ``x + RMSNorm(mixer(x))`` and ``x + RMSNorm(MLP(x))`` (norms after, not before).
-    residual_scale: multiplies the mixer's and the MLP's outputs before the residual adds.
+    residual_scale: multiplies the mixer's and the MLP's outputs before the residual adds; a
+      pair ``(mixer's, MLP's)`` scales them apart.
+    residual_alpha: multiplies the residual (a number or a ``(mixer's, MLP's)`` pair).
+    norm_residual: the residual of each add is the normalised input instead of ``x``.
 
   ``mixer=None`` makes a block that is only ``x + MLP(RMSNorm(x))`` (its cache is ``None``).
   """
@@ -135,7 +154,9 @@ class Block(nnx.Module):
                mlp_ratio: float = 8 / 3, mixer_kwargs: Mapping[str, Any] | None = None,
                norm_eps: float = 1e-6, short_conv: int = 0, mlp: str = "swiglu",
                hidden: int | None = None, mlp_kwargs: Mapping[str, Any] | None = None,
-               norm_offset: float = 0.0, post_norm: bool = False, residual_scale: float = 1.0,
+               norm_offset: float = 0.0, post_norm: bool = False,
+               residual_scale: float | tuple[float, float] = 1.0,
+               residual_alpha: float | tuple[float, float] = 1.0, norm_residual: bool = False,
                rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
     if short_conv < 0 or short_conv == 1:
       raise ValueError(f"short_conv must be 0 (none) or a width >= 2, got {short_conv}.")
@@ -146,9 +167,13 @@ class Block(nnx.Module):
     if post_norm and short_conv:
       raise ValueError(f"short_conv reads the normalised input; post_norm=True has none, got "
                        f"short_conv={short_conv}.")
-    if isinstance(residual_scale, bool) or not isinstance(residual_scale, (int, float)):
-      raise ValueError(f"residual_scale must be a number, got {residual_scale!r}.")
-    self.residual_scale = float(residual_scale)
+    self.mixer_scale, self.mlp_scale = _pair("residual_scale", residual_scale)
+    self.mixer_alpha, self.mlp_alpha = _pair("residual_alpha", residual_alpha)
+    if norm_residual and (post_norm or short_conv):
+      raise ValueError(f"norm_residual=True takes the residual from the pre-norm, so it needs "
+                       f"post_norm=False and short_conv=0, got post_norm={post_norm} and "
+                       f"short_conv={short_conv}.")
+    self.norm_residual = bool(norm_residual)
     self.mixer_name = mixer
     self.post_norm = bool(post_norm)
     if norm_offset:
@@ -180,18 +205,26 @@ class Block(nnx.Module):
                norm_eps=spec.norm_eps, mlp=spec.mlp or "swiglu",
                hidden=spec.mlp_hidden if spec.mlp else 0, mlp_kwargs=spec.mlp_kwargs,
                norm_offset=spec.norm_offset, post_norm=spec.post_norm,
-               residual_scale=spec.residual_scale, rngs=rngs, dtype=dtype,
+               residual_scale=spec.residual_scale, residual_alpha=spec.residual_alpha,
+               norm_residual=spec.norm_residual, rngs=rngs, dtype=dtype,
                param_dtype=param_dtype)
 
-  def _scaled(self, y):
-    return y if self.residual_scale == 1.0 else y * self.residual_scale
+  @staticmethod
+  def _add(residual, alpha, y, scale):
+    """``residual * alpha + y * scale``, skipping the multiplications by 1."""
+    return (residual if alpha == 1.0 else residual * alpha) + (y if scale == 1.0 else y * scale)
+
+  def _mixed(self, x, h, y):
+    """The mixer's residual add: ``y`` the mixer's output on ``h = RMSNorm(x)``."""
+    return self._add(h if self.norm_residual else x, self.mixer_alpha, y, self.mixer_scale)
 
   def _mlp(self, x):
     if self.mlp is None:
       return x
     if self.post_norm:
-      return x + self._scaled(self.mlp_norm(self.mlp(x)))
-    return x + self._scaled(self.mlp(self.mlp_norm(x)))
+      return self._add(x, self.mlp_alpha, self.mlp_norm(self.mlp(x)), self.mlp_scale)
+    h = self.mlp_norm(x)
+    return self._add(h if self.norm_residual else x, self.mlp_alpha, self.mlp(h), self.mlp_scale)
 
   def __call__(self, x: Array, segment_ids: Array | None = None, *,
                remat_mixer: bool = False) -> Array:
@@ -208,12 +241,11 @@ class Block(nnx.Module):
     else:
       mix = lambda h: self.mixer(h, segment_ids=segment_ids)
     if self.post_norm:
-      return self._mlp(x + self._scaled(self.mixer_norm(mix(x))))
+      return self._mlp(self._add(x, self.mixer_alpha, self.mixer_norm(mix(x)), self.mixer_scale))
     h = self.mixer_norm(x)
     if self.pre_conv is not None:
       h = self.pre_conv(h, segment_ids=segment_ids)
-    x = x + self._scaled(mix(h))
-    return self._mlp(x)
+    return self._mlp(self._mixed(x, h, mix(h)))
 
   def init_cache(self, batch: int, max_len: int, dtype=jnp.float32):
     """The mixer's cache (with ``short_conv``: ``{"mixer": ..., "conv": [B, W-1, D]}``)."""
@@ -230,11 +262,11 @@ class Block(nnx.Module):
       return self._mlp(x), cache
     if self.post_norm:
       y, cache = self.mixer.decode_step(x, cache)
-      return self._mlp(x + self._scaled(self.mixer_norm(y))), cache
+      return self._mlp(self._add(x, self.mixer_alpha, self.mixer_norm(y), self.mixer_scale)), cache
     h = self.mixer_norm(x)
     if self.pre_conv is None:
       y, cache = self.mixer.decode_step(h, cache)
-      return self._mlp(x + self._scaled(y)), cache
+      return self._mlp(self._mixed(x, h, y)), cache
     h, conv = self.pre_conv.step(h, cache["conv"])
     y, mixer_cache = self.mixer.decode_step(h, cache["mixer"])
-    return self._mlp(x + self._scaled(y)), {"mixer": mixer_cache, "conv": conv}
+    return self._mlp(self._mixed(x, h, y)), {"mixer": mixer_cache, "conv": conv}

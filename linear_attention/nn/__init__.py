@@ -13,8 +13,8 @@ from linear_attention.nn.mixer import Mixer
 from linear_attention.nn.modules import RandomFeatures
 from linear_attention.nn.delta import (DeltaNet, GatedDeltaNet, GatedDeltaProduct,
                                        KimiDeltaAttention, RWKV7TimeMix)
-from linear_attention.nn.gated import (HGRN2, GatedLinearAttention, LogLinearMamba2, Mamba2,
-                                       MultiScaleRetention, RWKV6TimeMix)
+from linear_attention.nn.gated import (HGRN2, GatedLinearAttention, LightningAttention,
+                                       LogLinearMamba2, Mamba2, MultiScaleRetention, RWKV6TimeMix)
 from linear_attention.nn.linear import Based, LinearAttention, ReBased
 from linear_attention.nn.recurrent import HawkBlock, Mamba, S4DLayer
 from linear_attention.nn.xlstm import MLSTM

@@ -18,6 +18,7 @@ from flax import nnx
 
 from linear_attention.nn import context_parallel as cp
 from linear_attention.nn import mixer, modules
+from linear_attention.ops import decay as decay_ops
 from linear_attention.ops import gated as gated_ops
 from linear_attention.ops import loglinear as loglinear_ops
 from linear_attention.ops import loglinear_variants
@@ -150,6 +151,80 @@ class MultiScaleRetention(mixer.Mixer):
     q, k, v = (a[:, 0] for a in self._inputs(x[:, None], pos))
     o, state = gated_ops.retention_step(cache["state"], q, k, v)
     return self._out(o, x), {"state": state, "pos": cache["pos"] + 1}
+
+
+def lightning_slopes(num_heads: int, slope_scale: float = 1.0) -> np.ndarray:
+  """Lightning attention's decay rates ``slope_scale * 2 ** (-8 (h + 1) / H)`` (ALiBi's
+  slopes, MiniMax-01's per-layer factor): ``[H]`` float32, computed in float32 as
+  transformers' MiniMax does, so that loaded checkpoints decay by the same numbers."""
+  base = np.float32(1.0 / (2.0 ** (8.0 / num_heads)))
+  return base ** np.arange(1, num_heads + 1, dtype=np.float32) * np.float32(slope_scale)
+
+
+class LightningAttention(mixer.Mixer):
+  """Lightning attention (MiniMax-01's linear layers; TransNormerLLM's decayed linear attention).
+
+  ``q, k, v = silu(W_qkv x)`` (each head's q, k and v side by side in the fused
+  projection), a fixed decay per head ``S_t = exp(-s_h) S_{t-1} + k_t v_t^T`` read with
+  scale 1 (``o_t = S_t^T q_t``), then ``W_o(RMSNorm(o) * sigmoid(W_g x))`` with one RMSNorm
+  over all heads' outputs together. ``s_h``: :func:`lightning_slopes`. It is
+  :func:`~linear_attention.ops.retention` with ``gamma = exp(-s)``, taken in log space so
+  that slopes below float32's resolution around 1 still decay.
+
+  Shapes: ``x [B, T, D] -> [B, T, D]``; ``head_dim`` (default ``D / num_heads``) is each
+  head's key and value width.
+  """
+
+  context_parallel = True
+
+  def __init__(self, d_model: int, num_heads: int, *, head_dim: int | None = None,
+               slope_scale: float = 1.0, chunk_size: int = 64, norm_eps: float = 1e-6,
+               rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
+    if head_dim is None:
+      mixer.check_divisible("d_model", d_model, "num_heads", num_heads)
+      head_dim = d_model // num_heads
+    self.num_heads, self.head_dim, self.chunk_size = num_heads, head_dim, chunk_size
+    self.slope_scale = float(slope_scale)
+    width = num_heads * head_dim
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.qkv_proj = modules.dense(d_model, 3 * width, **kw)
+    self.g_proj = modules.dense(d_model, width, **kw)
+    self.o_norm = nnx.RMSNorm(width, epsilon=norm_eps, dtype=dtype, param_dtype=param_dtype,
+                              rngs=rngs)
+    self.o_proj = modules.dense(width, d_model, **kw)
+
+  def _log_decay(self, lead: tuple[int, ...]) -> Array:
+    return jnp.broadcast_to(-jnp.asarray(lightning_slopes(self.num_heads, self.slope_scale)),
+                            lead + (self.num_heads,))
+
+  def _inputs(self, x):
+    qkv = jax.nn.silu(self.qkv_proj(x))
+    qkv = qkv.reshape(qkv.shape[:-1] + (self.num_heads, 3 * self.head_dim))
+    return jnp.split(qkv, 3, axis=-1)
+
+  def _out(self, o, x):
+    o = self.o_norm(modules.merge_heads(o.astype(x.dtype)))
+    return self.o_proj(o * jax.nn.sigmoid(self.g_proj(x)))
+
+  def __call__(self, x: Array, segment_ids: Array | None = None) -> Array:
+    """``x [B, T, D]`` -> ``[B, T, D]``."""
+    q, k, v = self._inputs(x)
+    o = decay_ops.decay_linear_attention(
+        q, k, v, self._log_decay(x.shape[:2]), scale=1.0, chunk_size=self.chunk_size,
+        segment_ids=segment_ids, context=cp.context())
+    return self._out(o, x)
+
+  def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """``{"state": [B, H, head_dim, head_dim] float32}``."""
+    d = self.head_dim
+    return {"state": jnp.zeros((batch, self.num_heads, d, d), jnp.float32)}
+
+  def decode_step(self, x: Array, cache: dict) -> tuple[Array, dict]:
+    """``x [B, D]`` -> ``(y [B, D], cache)``."""
+    q, k, v = self._inputs(x)
+    o, state = decay_ops.decay_linear_attention_step(
+        cache["state"], q, k, v, self._log_decay(x.shape[:1]), scale=1.0)
+    return self._out(o, x), {"state": state}
 
 
 class HGRN2(mixer.Mixer):

@@ -71,7 +71,7 @@ _POSITIVE_INTS = frozenset((
 _NON_NEGATIVE_INTS = frozenset(("seed", "num_global", "num_global_blocks", "num_random_blocks"))
 _POSITIVE_NUMBERS = frozenset((
     "norm_eps", "qk_norm_eps", "dt_min", "dt_max", "dt_init_floor", "rope_base", "c", "gate_logit_normalizer",
-    "a_init_scale", "expand", "expand_k", "expand_v"))
+    "a_init_scale", "expand", "expand_k", "expand_v", "slope_scale"))
 
 
 def check_options(layer: str, options: dict) -> None:

@@ -54,6 +54,8 @@ class Mamba(mixer.Mixer):
 
   Falcon-Mamba: ``bcdt_norm_eps`` (a float) RMS-normalises ``B``, ``C`` and ``dt``'s
   rank-``dt_rank`` input, without weights, with that epsilon; ``None`` (default) does not.
+  Jamba: ``bcdt_norm_weights=True`` gives those three norms learned weights (``dt_norm``,
+  ``b_norm``, ``c_norm``).
   """
 
   context_parallel = True
@@ -62,11 +64,15 @@ class Mamba(mixer.Mixer):
                conv_width: int = 4, dt_rank: int | None = None, dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4, a_init_scale: float = 1.0,
                scalar_a: bool = False, dt_from_input: bool = False, equal_a_init: bool = False,
-               chunk_size: int = 64, bcdt_norm_eps: float | None = None, rngs: nnx.Rngs,
-               dtype=None, param_dtype=jnp.float32):
+               chunk_size: int = 64, bcdt_norm_eps: float | None = None,
+               bcdt_norm_weights: bool = False, rngs: nnx.Rngs, dtype=None,
+               param_dtype=jnp.float32):
     del num_heads
     if bcdt_norm_eps is not None:
       modules.check_decay_init(bcdt_norm_eps=bcdt_norm_eps)
+    if bcdt_norm_weights and bcdt_norm_eps is None:
+      raise ValueError("bcdt_norm_weights=True needs the norms: set bcdt_norm_eps (a float > 0), "
+                       "got bcdt_norm_eps=None.")
     self.bcdt_norm_eps = bcdt_norm_eps
     if scalar_a and equal_a_init:
       raise ValueError("equal_a_init needs scalar_a=False (scalar_a's A is one value per "
@@ -98,6 +104,8 @@ class Mamba(mixer.Mixer):
     self.A_log = modules.param(jnp.log(a), param_dtype)
     self.D = modules.param(jnp.ones((d_inner,)), param_dtype)
     self.out_proj = modules.dense(d_inner, d_model, **kw)
+    ones = lambda n: modules.param(jnp.ones((n,)), param_dtype) if bcdt_norm_weights else None
+    self.dt_norm, self.b_norm, self.c_norm = ones(dt_rank), ones(d_state), ones(d_state)
 
   def _ssm_inputs(self, x, u):
     """``dt, B, C`` from the conv'd ``x`` (``dt`` from the layer input ``u`` if asked)."""
@@ -107,6 +115,9 @@ class Mamba(mixer.Mixer):
     b, c = dbc[..., r:r + n], dbc[..., r + n:]
     if self.bcdt_norm_eps is not None:
       dt_in, b, c = (_rms(t, self.bcdt_norm_eps) for t in (dt_in, b, c))
+      if self.dt_norm is not None:
+        dt_in, b, c = (t * w[...].astype(t.dtype) for t, w in
+                       ((dt_in, self.dt_norm), (b, self.b_norm), (c, self.c_norm)))
     return self.dt_proj(dt_in), b, c
 
   def _params(self):

@@ -123,6 +123,7 @@ SPECS: tuple[MixerSpec, ...] = (
     MixerSpec("mla", attention.MultiHeadLatentAttention, "attention", letter="Q",
               tiny=dict(kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
                         use_rope=True), studies=frozenset()),
+    MixerSpec("lightning", gated.LightningAttention, "decay", "fixed", studies=frozenset()),
 )
 
 # The order is the order of every selection; studies name their runs by position in it, so

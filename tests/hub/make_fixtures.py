@@ -115,6 +115,21 @@ FAMILIES = {
                                 num_key_value_heads=1, intermediate_size=48, block_multiple_of=16,
                                 conv_L_cache=3, layer_types=["conv", "full_attention", "conv"]),
              True),
+    # Lightning blocks of 4 tokens (the prompt spans three), every residual factor off 1.
+    "minimax": ("MiniMaxConfig", dict(
+        _COMMON, num_hidden_layers=3, layer_types=["linear_attention", "full_attention",
+                                                   "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, intermediate_size=8,
+        num_local_experts=4, num_experts_per_tok=2, block_size=4,
+        linear_attn_alpha_factor=1.5, linear_attn_beta_factor=0.7, full_attn_alpha_factor=2.0,
+        full_attn_beta_factor=0.5, mlp_alpha_factor=1.2, mlp_beta_factor=0.8,
+        rope_parameters={"rope_theta": 1e4, "rope_type": "default"}), True),
+    # Attention on odd layers, MoE (softmax top-2, not renormalised) on even ones.
+    "jamba": ("JambaConfig", dict(
+        _COMMON, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=0, num_experts=4, num_experts_per_tok=2,
+        intermediate_size=8, num_attention_heads=2, num_key_value_heads=1, mamba_d_state=8,
+        mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4), True),
     # qk and v widths multiples of 64: transformers' xLSTM cache rounds them up to 64.
     "xlstm": ("xLSTMConfig", dict(_COMMON, num_heads=4, qk_dim_factor=4.0, v_dim_factor=4.0,
                                   chunk_size=4, tie_word_embeddings=False), True),

@@ -15,3 +15,5 @@ from linear_attention.hub.families import kimi_linear  # noqa: F401
 from linear_attention.hub.families import xlstm  # noqa: F401
 from linear_attention.hub.families import recurrent_gemma  # noqa: F401
 from linear_attention.hub.families import lfm2  # noqa: F401
+from linear_attention.hub.families import minimax  # noqa: F401
+from linear_attention.hub.families import jamba  # noqa: F401
