@@ -147,11 +147,13 @@ def value_block(vp: int, block_v: int, platform: str) -> int:
 #
 # Flash attention (``FlashBlockSizes`` fields). Triton keeps a key block's k and v in shared
 # memory per pipeline stage plus the program's held block, so the tiles shrink as the head
-# grows; the rows were chosen from deviceless compiles for H200 and A100 (166912 B of
-# shared memory per block, the smaller) as the largest tiles with no bfloat16 register
-# spill (results/compile_flash_heads.json). A head above the largest row halves the
-# blocks per doubling (not compile-checked). Mosaic's 128 blocks of a 256 head take
-# well under the TPU's scoped VMEM, so TPU has one row.
+# grows. The rows come from deviceless compiles for H200 and A100 (166912 B of shared
+# memory per block, the smaller): up to a head of 128, 8 warps (Triton's default 4 spilled
+# in bf16) and, for float32, half the query blocks and 2 stages (the bf16 tiles asked for
+# 279552 B); at 256, among the candidates tried (results/compile_flash_heads.json), tiles
+# that compile on both with no bfloat16 spill (not yet timed on hardware). A head above
+# the largest row halves the blocks per doubling (not compile-checked). Mosaic's 128
+# blocks of a 256 head take well under the TPU's scoped VMEM, so TPU has one row.
 ANY_HEAD = 1 << 30  # a row for every head size
 FLASH_TILES: dict[str, dict[tuple[int, int], dict]] = {
     "triton": {
