@@ -71,3 +71,11 @@ def test_unknown_target():
     aot.ci_cases("b200")
   with pytest.raises(ValueError, match="target must be one of"):
     aot.ci_cases("h100")
+
+
+@pytest.mark.parametrize("target", ["h200", "a100", "v5e", "v6e"])
+def test_mixers_at_the_family_state_shapes_on_every_target(target):
+  """The delta and DPLR kernels at K 128, V 256 (aot.MIXER_SHAPES), bf16, everywhere."""
+  chosen = set(aot.ci_cases(target))
+  for shape in aot.MIXER_SHAPES:
+    assert {f"chunk_delta/gated/bf16/{shape}", f"chunk_dplr/channel/bf16/{shape}"} <= chosen
