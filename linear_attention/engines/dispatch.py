@@ -140,6 +140,111 @@ def value_block(vp: int, block_v: int, platform: str) -> int:
   return bv if bv and vp % bv == 0 else vp
 
 
+# Default tiles of the kernels whose tiling is a per-backend rule rather than a kernel's own
+# dataclass default, keyed by lowering (a :data:`LOWERINGS` value): flash attention's by
+# input width in bytes and padded head size, the linear scan's as a function of its
+# channel count. A new backend adds its row to :data:`LOWERINGS` and to each table here.
+#
+# Flash attention (``FlashBlockSizes`` fields). Triton keeps a key block's k and v in shared
+# memory per pipeline stage plus the program's held block, so the tiles shrink as the head
+# grows. The rows come from deviceless compiles for H200 and A100 (166912 B of shared
+# memory per block, the smaller): up to a head of 128, 8 warps (Triton's default 4 spilled
+# in bf16) and, for float32, half the query blocks and 2 stages (the bf16 tiles asked for
+# 279552 B); at 256, among the candidates tried (results/compile_flash_heads.json), tiles
+# that compile on both with no bfloat16 spill (not yet timed on hardware). A head above
+# the largest row halves the blocks per doubling (not compile-checked). Mosaic's 128
+# blocks of a 256 head take well under the TPU's scoped VMEM, so TPU has one row.
+ANY_HEAD = 1 << 30  # a row for every head size
+FLASH_TILES: dict[str, dict[tuple[int, int], dict]] = {
+    "triton": {
+        (2, 128): dict(block_q=128, block_k=64, block_q_dkv=64, block_k_dkv=64, block_q_dq=64,
+                       block_k_dq=64, num_warps=8),
+        (2, 256): dict(block_q=64, block_k=32, block_q_dkv=32, block_k_dkv=32, block_q_dq=32,
+                       block_k_dq=32, num_warps=8, num_stages=2),
+        (4, 128): dict(block_q=64, block_k=64, block_q_dkv=64, block_k_dkv=64, block_q_dq=64,
+                       block_k_dq=32, num_warps=8, num_stages=2),
+        (4, 256): dict(block_q=32, block_k=32, block_q_dkv=16, block_k_dkv=16, block_q_dq=32,
+                       block_k_dq=32, num_warps=8, num_stages=2),
+    },
+    "mosaic_tpu": {
+        (4, ANY_HEAD): dict(block_q=128, block_k=128, block_q_dkv=128, block_k_dkv=128,
+                           block_q_dq=128, block_k_dq=128),
+    },
+}
+_FLASH_BLOCK_FIELDS = ("block_q", "block_k", "block_q_dkv", "block_k_dkv", "block_q_dq",
+                       "block_k_dq")
+
+
+def flash_head_dim(platform: str, d: int) -> int:
+  """A flash-attention head size as the kernel sees it on ``platform``: Triton's blocks are
+  powers of two >= 16 (zero padding changes no logit); Mosaic takes the head as it is."""
+  return max(16, next_pow2(d)) if LOWERINGS[platform] == "triton" else d
+
+
+def flash_tiles(platform: str, dtype=None, head_dim: int | None = None,
+                value_dim: int | None = None) -> dict:
+  """Flash attention's default tiles on ``platform`` for inputs of ``dtype`` and heads of
+  ``head_dim`` (q, k) and ``value_dim`` (v): the :data:`FLASH_TILES` row of the smallest
+  head at least the larger padded head (default 128) and width at least the dtype's
+  (default 2 bytes), as ``FlashBlockSizes`` keyword arguments.
+
+  Example::
+
+      >>> flash_tiles("gpu", jnp.bfloat16, 192, 128)["block_q"]
+      64
+  """
+  common.check_choice("platform", platform, tuple(LOWERINGS))
+  rows = FLASH_TILES[LOWERINGS[platform]]
+  width = 2 if dtype is None else jnp.dtype(dtype).itemsize
+  heads = [d for d in (head_dim, value_dim) if d is not None] or [128]
+  for name, d in (("head_dim", head_dim), ("value_dim", value_dim)):
+    if d is not None:
+      common.check_positive_int(name, d)
+  head = max(flash_head_dim(platform, d) for d in heads)
+  keys = sorted(k for k in rows if k[0] >= width) or sorted(rows)[-1:]
+  tiles = next((rows[k] for k in keys if k[1] >= head), None)
+  if tiles is not None:
+    return dict(tiles)
+  # Past the largest head of the row's width: the blocks halve per doubling (at least 16).
+  largest = max(k for k in keys if k[0] == keys[0][0])
+  halvings = (head - 1).bit_length() - (largest[1] - 1).bit_length()
+  tiles = dict(rows[largest])
+  for name in _FLASH_BLOCK_FIELDS:
+    tiles[name] = max(16, tiles[name] >> halvings)
+  return tiles
+
+
+def _scan_tiling_triton(d: int, t: int, block_d: int, chunk: int) -> tuple[int, int, int]:
+  del chunk  # one program walks all T rows
+  bd = min(next_pow2(block_d), next_pow2(d))
+  return bd, round_up(d, bd), t
+
+
+def _scan_tiling_mosaic(d: int, t: int, block_d: int, chunk: int) -> tuple[int, int, int]:
+  dp = d if d <= 128 else round_up(d, 128)
+  bd = min(round_up(block_d, 128), dp) if dp % 128 == 0 else dp
+  return bd, round_up(dp, bd), round_up(t, chunk)
+
+
+# The linear scan's tiling: channel block, padded channels and padded T from its
+# channels ``d``, length ``t`` and ``ScanBlockSizes`` (Triton blocks are powers of two; on
+# TPU a channel block is a multiple of 128 or all channels, and T a multiple of the chunk).
+SCAN_TILING = {"triton": _scan_tiling_triton, "mosaic_tpu": _scan_tiling_mosaic}
+
+
+def scan_tiling(platform: str, d: int, t: int, block_d: int, chunk: int) -> tuple[int, int, int]:
+  """``(block_d, padded channels, padded T)`` of the linear scan on ``platform``
+  (:data:`SCAN_TILING`).
+
+  Example::
+
+      >>> scan_tiling("tpu", 200, 33, 128, 8)
+      (128, 256, 40)
+  """
+  common.check_choice("platform", platform, tuple(LOWERINGS))
+  return SCAN_TILING[LOWERINGS[platform]](d, t, block_d, chunk)
+
+
 def unsupported_dtypes(**arrays) -> dict[str, str]:
   """``{name: why}`` for each given array (None skipped) whose dtype no kernel takes."""
   bad = {}

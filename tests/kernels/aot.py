@@ -137,7 +137,40 @@ SHAPES = {
     "odd": dict(b=1, t=333, h=4, k=40, v=72, hkv=2, scan_t=333, scan_d=(3, 40)),
     "small": dict(b=1, t=1024, h=4, k=128, v=128, hkv=2, scan_t=1024, scan_d=(256,)),
 }
+# The attention head sizes of the families that linear_attention.hub loads (issue 37), for
+# flash attention with grouped KV heads: 64 to 256, and MLA's q/k head of 192 with a value
+# head of 128 (Kimi Linear; no KV grouping after MLA's up-projection). Triton pads a head to
+# a power of two (80 and 96 to 128, 192 to 256); Mosaic takes it as it is.
+HEAD_SHAPES = {
+    "d64": dict(b=1, t=1024, h=16, k=64, v=64, hkv=4),
+    "d80": dict(b=1, t=1024, h=16, k=80, v=80, hkv=4),
+    "d96": dict(b=1, t=1024, h=16, k=96, v=96, hkv=2),
+    "d128": dict(b=1, t=1024, h=16, k=128, v=128, hkv=2),
+    "d192v128": dict(b=1, t=1024, h=16, k=192, v=128, hkv=16),
+    "d256": dict(b=1, t=1024, h=16, k=256, v=256, hkv=2),
+}
+# The delta-rule and DPLR mixers' state shapes of those families: K 128 with V up to 256
+# (Qwen3-Next's Gated DeltaNet), H = H_v. Grouped value heads (H_v > H) are a hook: give a
+# shape here an "hv" and pass it to the kernels in _delta_case/_dplr_case once they take it.
+MIXER_SHAPES = {
+    "k128v256": dict(b=1, t=1024, h=4, k=128, v=256, hkv=4),
+}
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
+
+
+def shape_of(case_name: str) -> dict:
+  """The shape dict of a case name ``kernel/mode/dtype/shape``: :data:`SHAPES`,
+  :data:`HEAD_SHAPES` or :data:`MIXER_SHAPES`."""
+  name = case_name.split("/")[3]
+  for table in (SHAPES, HEAD_SHAPES, MIXER_SHAPES):
+    if name in table:
+      return table[name]
+  raise ValueError(f"case_name must end in a shape of aot.SHAPES, HEAD_SHAPES or MIXER_SHAPES, "
+                   f"got {case_name!r}.")
+
+
+def _shape(name: str) -> dict:
+  return shape_of(f"k/m/d/{name}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +195,7 @@ def _program(fn, args, n_diff: int | None = None):
 
 def _chunk_case(mode, dtype, shape):
   def build(spec):
-    s, dt = SHAPES[shape], DTYPES[dtype]
+    s, dt = _shape(shape), DTYPES[dtype]
     q = spec((s["b"], s["t"], s["h"], s["k"]), dt)
     v = spec((s["b"], s["t"], s["h"], s["v"]), dt)
     s0 = spec((s["b"], s["h"], s["k"], s["v"]), jnp.float32)
@@ -181,7 +214,7 @@ def _chunk_case(mode, dtype, shape):
 def _delta_case(gated, dtype, shape):
   """The delta rule (Gated DeltaNet when ``gated``), initial and final state."""
   def build(spec):
-    s, dt = SHAPES[shape], DTYPES[dtype]
+    s, dt = _shape(shape), DTYPES[dtype]
     q = spec((s["b"], s["t"], s["h"], s["k"]), dt)
     v = spec((s["b"], s["t"], s["h"], s["v"]), dt)
     beta = spec((s["b"], s["t"], s["h"]), jnp.float32)
@@ -201,7 +234,7 @@ def _dplr_case(dtype, shape):
   """The DPLR engine as KDA and RWKV-7 use it: a per-channel decay, independent write key
   and correction vectors (float32, as the ops' maps make them), initial and final state."""
   def build(spec):
-    s, dt = SHAPES[shape], DTYPES[dtype]
+    s, dt = _shape(shape), DTYPES[dtype]
     q = spec((s["b"], s["t"], s["h"], s["k"]), dt)
     v = spec((s["b"], s["t"], s["h"], s["v"]), dt)
     ab = spec((s["b"], s["t"], s["h"], s["k"]), jnp.float32)
@@ -214,6 +247,7 @@ def _dplr_case(dtype, shape):
 
 FLASH_MODES = {
     "causal": dict(causal=True),
+    "causal_gqa": dict(causal=True, gqa=True),
     "full_gqa": dict(causal=False, gqa=True),
     "window_segments": dict(causal=True, window=512, segments=True),
 }
@@ -221,7 +255,7 @@ FLASH_MODES = {
 
 def _flash_case(mode, dtype, shape):
   def build(spec):
-    s, dt, m = SHAPES[shape], DTYPES[dtype], FLASH_MODES[mode]
+    s, dt, m = _shape(shape), DTYPES[dtype], FLASH_MODES[mode]
     hkv = s["hkv"] if m.get("gqa") else s["h"]
     q = spec((s["b"], s["t"], s["h"], s["k"]), dt)
     k = spec((s["b"], s["t"], hkv, s["k"]), dt)
@@ -239,7 +273,7 @@ def _flash_case(mode, dtype, shape):
 
 def _scan_case(dtype, shape, reverse):
   def build(spec):
-    s, dt = SHAPES[shape], DTYPES[dtype]
+    s, dt = _shape(shape), DTYPES[dtype]
     a = spec((s["b"], s["scan_t"]) + s["scan_d"], dt)
     h0 = spec((s["b"],) + s["scan_d"], dt)
     fn = lambda a, b, h0: scan.linear_scan(a, b, h0=h0, reverse=reverse, return_state=True)
@@ -257,8 +291,14 @@ def all_cases() -> list[Case]:
       out += [_chunk_case(mode, dtype, shape) for mode in ("none", "scalar", "vector")]
       out += [_delta_case(gated, dtype, shape) for gated in (False, True)]
       out.append(_dplr_case(dtype, shape))
-      out += [_flash_case(mode, dtype, shape) for mode in FLASH_MODES]
+      out += [_flash_case(mode, dtype, shape) for mode in FLASH_MODES if mode != "causal_gqa"]
       out.append(_scan_case(dtype, shape, reverse=shape == "odd"))
+  # Causal attention with grouped KV heads at each family head size (the masks of the other
+  # modes do not depend on the head), and the mixers at the families' K and V.
+  for dtype in DTYPES:
+    out += [_flash_case("causal_gqa", dtype, shape) for shape in HEAD_SHAPES]
+    for shape in MIXER_SHAPES:
+      out += [_delta_case(True, dtype, shape), _dplr_case(dtype, shape)]
   return out
 
 
@@ -278,12 +318,25 @@ CASES = {c.name: c for c in all_cases()}
 # * TPU at "small" instead of "gpu_check": Mosaic sees the same block shapes and kernel
 #   bodies (only the grid shrinks) and the compile costs less (above); both dtypes on v5e,
 #   bf16 on v6e (float32 takes the same (8, 128) tiling on both chips).
+# * The family head sizes (:data:`HEAD_SHAPES`, causal flash attention with grouped KV
+#   heads): bf16 at every head on all four targets (Triton's tiles follow the padded head,
+#   Mosaic sees each head as it is; no bf16 spill on GPU); float32 at the two largest heads
+#   (192/128 and 256, the float32 tiles of engines.dispatch.FLASH_TILES that are not the
+#   gpu_check ones) on H200, A100 (the least shared memory) and v5e, and at 80 (a padded
+#   head) on H200.
+# * The mixers at the families' K 128, V 256 (:data:`MIXER_SHAPES`: Gated DeltaNet and the
+#   DPLR engine), bf16 on all four targets. Not float32: on H200 its tiles spill more
+#   there than ACCEPTED_SPILLS allows at the gpu_check shape (chunk_dplr_fwd 2416 B).
 # experiments/compile_report.py (and this module's CLI) compile every case on every target.
+_HEADS_BF16 = tuple(f"bf16/{h}" for h in HEAD_SHAPES)
+_HEADS_F32 = ("f32/d192v128", "f32/d256")
+_MIXERS_BF16 = tuple(f"bf16/{m}" for m in MIXER_SHAPES)
 CI_GROUPS = {
-    "h200": ("bf16/gpu_check", "f32/gpu_check", "bf16/odd"),
-    "a100": ("bf16/gpu_check",),
-    "v5e": ("bf16/small", "f32/small", "bf16/odd"),
-    "v6e": ("bf16/small",),
+    "h200": ("bf16/gpu_check", "f32/gpu_check", "bf16/odd") + _HEADS_BF16 + _HEADS_F32
+    + ("f32/d80",) + _MIXERS_BF16,
+    "a100": ("bf16/gpu_check",) + _HEADS_BF16 + _HEADS_F32 + _MIXERS_BF16,
+    "v5e": ("bf16/small", "f32/small", "bf16/odd") + _HEADS_BF16 + _HEADS_F32 + _MIXERS_BF16,
+    "v6e": ("bf16/small",) + _HEADS_BF16 + _MIXERS_BF16,
 }
 
 

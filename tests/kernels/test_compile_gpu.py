@@ -11,7 +11,9 @@ when ``ptxas -v`` reports spilled registers in one of its Pallas kernels beyond
 the measured exceptions of :data:`ACCEPTED_SPILLS`. Which cases run on which
 target, and why the others were cut, is at ``aot.CI_GROUPS``: on H200 bf16 and
 float32 at the ``gpu_check`` shapes and bf16 at the odd one, on A100 bf16 at the
-``gpu_check`` shapes.
+``gpu_check`` shapes; on both, flash attention with grouped KV heads at the head sizes
+of the families ``linear_attention.hub`` loads (64 to 256, MLA's 192/128; bf16, and
+float32 at the largest) and the delta and DPLR kernels at K 128, V 256.
 
 Runs in ``.ci/run``'s compile stage (Python 3.12, jax 0.11.2 with
 ``jax-cuda13-plugin``); elsewhere it skips, saying what is missing.
@@ -47,7 +49,8 @@ DETAIL = True  # shared memory, registers and spills per kernel
 #   column and the direct writes Ke^T V), float32 only: 1000 / 232 / 2140 B
 #   (fwd / states / bwd) on H200 at the gpu_check shape; the odd shape and bf16
 #   (H200 and A100) spill nothing.
-# * flash_attention dq and dk/dv, float32 only: float32 tiles of a head of 128.
+# * flash_attention dq and dk/dv, float32 only: float32 tiles of a head of 128 (and the
+#   dk/dv kernel's smaller tiles at heads of 192 and 256, engines.dispatch.FLASH_TILES).
 ACCEPTED_SPILLS: dict[tuple[str, str], int] = {
     ("chunk_decay_fwd", "f32"): 512,
     ("chunk_delta_bwd", "f32"): 1536,

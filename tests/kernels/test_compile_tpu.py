@@ -11,7 +11,10 @@ GPU targets' too: ``aot_fixtures.compiled_fixture``).
 Cases (``aot.CI_GROUPS``, which says why): every kernel and mode at the "small"
 shape (the ``gpu_check`` tiles, K = V = 128, on a smaller grid: the same Mosaic
 kernels, cheaper to compile) in bfloat16 and float32 on v5e and in
-bfloat16 on v6e, and in bfloat16 at the odd shape (padding, GQA) on v5e.
+bfloat16 on v6e, and in bfloat16 at the odd shape (padding, GQA) on v5e; flash
+attention with grouped KV heads at the families' head sizes (64 to 256, MLA's 192/128)
+in bfloat16 on both and float32 at the largest on v5e; the delta and DPLR kernels at
+K 128, V 256 in bfloat16 on both.
 
 Runs in ``.ci/run``'s compile stage (Python 3.12, jax 0.11.2, libtpu 0.0.48);
 elsewhere it skips, saying what is missing.

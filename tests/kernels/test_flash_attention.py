@@ -162,3 +162,54 @@ def test_ops_dispatch_default_matches_xla():
   ref = softmax_attention(q, k, v, causal=True, algorithm="naive")
   assert_close(softmax_attention(q, k, v, causal=True), ref, 1e-5, 1e-5)
   assert_close(softmax_attention(q, k, v, causal=True, implementation="xla"), ref, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dk,dv,heads,heads_kv", [
+    (192, 128, 2, 2),  # MLA: q/k head 192 (padded to 256 on GPU), value head 128
+    (256, 256, 4, 2),  # Qwen3-Next / RecurrentGemma: head 256 with grouped KV heads
+])
+def test_large_heads_with_default_tiles(mode, dk, dv, heads, heads_kv):
+  """The heads of the real models, with the tiles chosen for them (no block_sizes), match
+  the XLA reference forward and gradient in float32 (odd T: partial blocks)."""
+  t = 45
+  kq, kk, kv, kw = keys(1, 4)
+  q = rand(kq, (1, t, heads, dk))
+  k = rand(kk, (1, t, heads_kv, dk))
+  v = rand(kv, (1, t, heads_kv, dv))
+  w = rand(kw, (1, t, heads, dv))
+  kernel = functools.partial(fa.flash_attention, causal=True, **mode)
+  ref = functools.partial(_reference, causal=True, segment_ids=None, window=None)
+  (_, o), g = _value_and_grads(kernel, q, k, v, w)
+  (_, o_ref), g_ref = _value_and_grads(ref, q, k, v, w)
+  assert o.shape == (1, t, heads, dv)
+  assert_close(o, o_ref, 1e-5, 1e-5, "o")
+  for name, a, e in zip("qkv", g, g_ref):
+    assert_close(a, e, 1e-4, 1e-4, f"d{name}")
+
+
+def test_default_tiles_follow_the_head():
+  """GPU tiles shrink for heads above 128 (Triton's shared memory), per dtype; padded heads
+  (80 -> 128, 192 -> 256) take their padded size's tiles; TPU keeps 128 for every head."""
+  gpu = lambda dtype, dk, dv=None: fa.FlashBlockSizes.default("gpu", dtype, dk, dv)
+  bf16, f32 = jnp.bfloat16, jnp.float32
+  assert gpu(bf16, 128) == gpu(bf16, 64) == gpu(bf16, 80) == gpu(bf16, None)
+  assert gpu(bf16, 128) == fa.FlashBlockSizes(num_warps=8)
+  assert gpu(bf16, 192, 128) == gpu(bf16, 256) == gpu(bf16, 64, 256)
+  big = gpu(bf16, 256)
+  assert (big.block_q, big.block_k, big.block_k_dkv, big.num_stages) == (64, 32, 32, 2)
+  assert gpu(f32, 256).block_k_dkv == 16 and gpu(f32, 96) == gpu(f32, 128)
+  assert gpu(f32, 128).block_q == 64 and gpu(f32, 128).block_k_dq == 32
+  assert gpu(jnp.float16, 256) == big
+  # Past the table: blocks halve per doubling, never below Triton's 16.
+  assert gpu(bf16, 512).block_q == 32 and gpu(f32, 1024).block_q == 16
+  for d in (64, 96, 192, 256, 512):
+    tpu = fa.FlashBlockSizes.default("tpu", bf16, d)
+    assert tpu == fa.FlashBlockSizes(128, 128, 128, 128, 128, 128)
+    tpu.check("tpu")
+    gpu(bf16, d).check("gpu")
+    gpu(f32, d).check("gpu")
+  with pytest.raises(ValueError, match="head_dim must be an integer >= 1"):
+    fa.FlashBlockSizes.default("gpu", bf16, 0)
+  with pytest.raises(ValueError, match="platform must be one of"):
+    fa.FlashBlockSizes.default("cpu", bf16, 64)

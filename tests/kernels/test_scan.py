@@ -73,3 +73,16 @@ def test_dispatch_and_unsupported_arguments():
     ops.linear_scan(a, b, implementation="cuda")
   with pytest.raises(ValueError, match="block_sizes.chunk"):
     ks.linear_scan(a, b, platform="tpu", block_sizes=ks.ScanBlockSizes(chunk=12))
+
+
+def test_tiling_per_platform():
+  """engines/dispatch's scan tiling: Triton blocks are powers of two over all of T; Mosaic
+  blocks are a multiple of 128 channels (or all of them) and T is padded to the chunk."""
+  from linear_attention.engines import dispatch
+  assert dispatch.scan_tiling("gpu", 200, 33, 128, 8) == (128, 256, 33)
+  assert dispatch.scan_tiling("gpu", 3, 33, 128, 8) == (4, 4, 33)
+  assert dispatch.scan_tiling("tpu", 200, 33, 128, 8) == (128, 256, 40)
+  assert dispatch.scan_tiling("tpu", 40, 21, 128, 8) == (40, 40, 24)
+  assert dispatch.scan_tiling("tpu", 384, 16, 256, 8) == (256, 512, 16)
+  with pytest.raises(ValueError, match="platform must be one of"):
+    dispatch.scan_tiling("cpu", 8, 8, 128, 8)

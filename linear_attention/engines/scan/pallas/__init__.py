@@ -112,31 +112,44 @@ def _tpu_kernel(a_ref, b_ref, h0_ref, h_ref, hT_ref, carry_ref, *, cfg, t):
     hT_ref[...] = carry_ref[...]
 
 
-def _scan_call(cfg: _Config, a, b, h0):
-  """``(h, h_final)`` float32 for padded ``a, b [B, Tp, Dp]``, ``h0 [B, 1, Dp]``."""
+def _out_shape(b):
+  bsz, tp, dp = b.shape
+  return [jax.ShapeDtypeStruct((bsz, tp, dp), jnp.float32),
+          jax.ShapeDtypeStruct((bsz, 1, dp), jnp.float32)]
+
+
+def _triton_call(cfg: _Config, a, b, h0):
   bsz, tp, dp = b.shape
   bd = cfg.block_d
-  out_shape = [jax.ShapeDtypeStruct((bsz, tp, dp), jnp.float32),
-               jax.ShapeDtypeStruct((bsz, 1, dp), jnp.float32)]
-  if cfg.platform == "gpu":
-    rows = pl.BlockSpec((None, tp, bd), lambda i, j: (i, 0, j))
-    one = pl.BlockSpec((None, 1, bd), lambda i, j: (i, 0, j))
-    return pl.pallas_call(
-        functools.partial(_gpu_kernel, cfg=cfg, t=tp), grid=(bsz, dp // bd),
-        in_specs=[rows, rows, one], out_specs=[rows, one], out_shape=out_shape,
-        compiler_params=dispatch.triton_compiler_params(), interpret=cfg.interpret,
-        name="linear_scan")(a, b, h0)
+  rows = pl.BlockSpec((None, tp, bd), lambda i, j: (i, 0, j))
+  one = pl.BlockSpec((None, 1, bd), lambda i, j: (i, 0, j))
+  return pl.pallas_call(
+      functools.partial(_gpu_kernel, cfg=cfg, t=tp), grid=(bsz, dp // bd),
+      in_specs=[rows, rows, one], out_specs=[rows, one], out_shape=_out_shape(b),
+      compiler_params=dispatch.triton_compiler_params(), interpret=cfg.interpret,
+      name="linear_scan")(a, b, h0)
+
+
+def _mosaic_call(cfg: _Config, a, b, h0):
+  bsz, tp, dp = b.shape
+  bd = cfg.block_d
   n = tp // cfg.chunk
   ch = (lambda k: n - 1 - k) if cfg.reverse else (lambda k: k)
   rows = pl.BlockSpec((None, cfg.chunk, bd), lambda i, j, k: (i, ch(k), j))
   one = pl.BlockSpec((None, 1, bd), lambda i, j, k: (i, 0, j))
   return pl.pallas_call(
       functools.partial(_tpu_kernel, cfg=cfg, t=tp), grid=(bsz, dp // bd, n),
-      in_specs=[rows, rows, one], out_specs=[rows, one], out_shape=out_shape,
+      in_specs=[rows, rows, one], out_specs=[rows, one], out_shape=_out_shape(b),
       scratch_shapes=[pltpu.VMEM((1, bd), jnp.float32)],
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "arbitrary")),
       interpret=cfg.interpret, name="linear_scan")(a, b, h0)
+
+
+def _scan_call(cfg: _Config, a, b, h0):
+  """``(h, h_final)`` float32 for padded ``a, b [B, Tp, Dp]``, ``h0 [B, 1, Dp]``."""
+  call = dispatch.lowering(cfg.platform, triton=_triton_call, mosaic_tpu=_mosaic_call)
+  return call(cfg, a, b, h0)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -230,14 +243,7 @@ def _linear_scan(a, b, h0, *, reverse, block_sizes, platform, interpret):
   out_dtype = b.dtype
   rest = b.shape[2:]
   d = max(1, int(jnp.size(b) // max(bsz * t, 1)))
-  if platform == "gpu":
-    bd = min(dispatch.next_pow2(block_sizes.block_d), dispatch.next_pow2(d))
-    dp, tp = dispatch.round_up(d, bd), t
-  else:
-    dp = d if d <= 128 else dispatch.round_up(d, 128)
-    bd = min(dispatch.round_up(block_sizes.block_d, 128), dp) if dp % 128 == 0 else dp
-    dp = dispatch.round_up(dp, bd)
-    tp = dispatch.round_up(t, block_sizes.chunk)
+  bd, dp, tp = dispatch.scan_tiling(platform, d, t, block_sizes.block_d, block_sizes.chunk)
   cfg = _Config(reverse=reverse, block_d=bd, chunk=block_sizes.chunk, platform=platform,
                 interpret=interpret)
   if platform == "tpu":

@@ -172,7 +172,8 @@ def flash_attention(
     window: optional int >= 1: causal, keys ``i - window < j <= i``; not
       causal, ``|i - j| < window``. Key blocks outside the band are skipped.
     block_sizes: :class:`FlashBlockSizes`; ``None``:
-      ``FlashBlockSizes.default(platform, q.dtype)``.
+      ``FlashBlockSizes.default(platform, q.dtype, K, V)`` (tiles that follow the head
+      size, so that a head of up to 256 compiles for H200, A100, v5e and v6e).
     platform: ``"gpu"`` (Triton) or ``"tpu"`` (Mosaic); ``None``: the platform
       of the device the call compiles for (the ``jax.default_device`` when set,
       a compile-only device from ``jax.experimental.topologies`` included, else
@@ -191,7 +192,7 @@ def flash_attention(
   _, t, h, hkv, dk, _ = _check_inputs(q, k, v, segment_ids, window)
   if block_sizes is None:
     block_sizes = FlashBlockSizes.default(
-        dispatch.default_platform() if platform is None else platform, q.dtype)
+        dispatch.default_platform() if platform is None else platform, q.dtype, dk, v.shape[-1])
   platform, blocks, interpret = dispatch.resolve_launch(
       "flash_attention", unsupported_arguments(q), platform, block_sizes, FlashBlockSizes,
       interpret)
@@ -220,9 +221,8 @@ def _flash(q, k, v, segment_ids, *, causal, scale, window, blocks, platform, int
     k_seg = common.pad_axis(seg, multiple, value=PAD_KEY_SEG)
   q, k, v = (common.pad_axis(x, multiple) for x in (q, k, v))
   if platform == "gpu":
-    # Triton blocks are powers of two: zero-pad head dims (zeros change no logit).
-    q, k = (common.pad_axis(x, max(16, dispatch.next_pow2(dk)), axis=3) for x in (q, k))
-    v = common.pad_axis(v, max(16, dispatch.next_pow2(dv)), axis=3)
+    q, k = (common.pad_axis(x, dispatch.flash_head_dim(platform, dk), axis=3) for x in (q, k))
+    v = common.pad_axis(v, dispatch.flash_head_dim(platform, dv), axis=3)
     o, lse = _attention(cfg, q, k, v, q_seg, k_seg)
     o, lse = o[:, :t, :, :dv], jnp.swapaxes(lse, 1, 2)[:, :t]
   else:

@@ -12,6 +12,8 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from linear_attention.engines import dispatch
+
 # Same finite mask logit as engines/softmax/engine.py: max/exp never see inf - inf.
 MASK_VALUE = -1e30
 # Segment ids of padding: padded keys match no query, padded queries no key.
@@ -47,24 +49,21 @@ class FlashBlockSizes:
   num_stages: int | None = None
 
   @classmethod
-  def default(cls, platform: str, dtype=None) -> "FlashBlockSizes":
-    """Defaults per platform (and on GPU per input dtype).
+  def default(cls, platform: str, dtype=None, head_dim: int | None = None,
+              value_dim: int | None = None) -> "FlashBlockSizes":
+    """The default tiles for ``platform``, the inputs' ``dtype`` and the q/k and v head
+    sizes (``None``: 128): ``engines.dispatch.flash_tiles``, whose table says why.
 
-    TPU: 128 everywhere (one (8, 128)-aligned tile). GPU, from deviceless
-    compiles for H200 and A100 at head dim 128 (``experiments/compile_report.py``):
-    8 warps (with Triton's default 4 the forward used 255 registers and
-    spilled 156 B, the dk/dv kernel 52 B; with 8 no bf16 kernel spills on
-    either). Float32 tiles are twice the bytes: with the bf16 tiling the
-    float32 forward asked for 279552 B of shared memory (232448 available),
-    so float32 takes query blocks of 64, key blocks of 32 in dq and 2 pipeline
-    stages; its dk/dv kernel still spills (the measured exceptions are in
-    ``tests/kernels/test_compile_gpu.py``).
+    On GPU the blocks shrink as the head grows so that Triton's shared memory fits an
+    A100 and an H200, forward and backward (a head of 256 in bfloat16: query blocks of
+    64, key blocks of 32); on TPU they are 128 for every head.
+
+    Example::
+
+        >>> FlashBlockSizes.default("gpu", jnp.bfloat16, 256).block_k
+        32
     """
-    if platform == "tpu":
-      return cls(128, 128, 128, 128, 128, 128)
-    if dtype is not None and jnp.dtype(dtype).itemsize >= 4:
-      return cls(64, 64, 64, 64, 64, 32, num_warps=8, num_stages=2)
-    return cls(num_warps=8)
+    return cls(**dispatch.flash_tiles(platform, dtype, head_dim, value_dim))
 
   def query_side(self) -> tuple[str, ...]:
     return ("block_q", "block_q_dkv", "block_q_dq")
