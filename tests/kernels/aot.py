@@ -154,6 +154,8 @@ HEAD_SHAPES = {
 # shape here an "hv" and pass it to the kernels in _delta_case/_dplr_case once they take it.
 MIXER_SHAPES = {
     "k128v256": dict(b=1, t=1024, h=4, k=128, v=256, hkv=4),
+    # Grouped value heads (Qwen3-Next): q, k with ``hk`` heads, v and the state with ``h``.
+    "k128v256g": dict(b=1, t=1024, h=4, hk=2, k=128, v=256, hkv=4),
 }
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 
@@ -215,7 +217,7 @@ def _delta_case(gated, dtype, shape):
   """The delta rule (Gated DeltaNet when ``gated``), initial and final state."""
   def build(spec):
     s, dt = _shape(shape), DTYPES[dtype]
-    q = spec((s["b"], s["t"], s["h"], s["k"]), dt)
+    q = spec((s["b"], s["t"], s.get("hk", s["h"]), s["k"]), dt)
     v = spec((s["b"], s["t"], s["h"], s["v"]), dt)
     beta = spec((s["b"], s["t"], s["h"]), jnp.float32)
     s0 = spec((s["b"], s["h"], s["k"], s["v"]), jnp.float32)
@@ -235,7 +237,7 @@ def _dplr_case(dtype, shape):
   and correction vectors (float32, as the ops' maps make them), initial and final state."""
   def build(spec):
     s, dt = _shape(shape), DTYPES[dtype]
-    q = spec((s["b"], s["t"], s["h"], s["k"]), dt)
+    q = spec((s["b"], s["t"], s.get("hk", s["h"]), s["k"]), dt)
     v = spec((s["b"], s["t"], s["h"], s["v"]), dt)
     ab = spec((s["b"], s["t"], s["h"], s["k"]), jnp.float32)
     s0 = spec((s["b"], s["h"], s["k"], s["v"]), jnp.float32)
@@ -299,6 +301,8 @@ def all_cases() -> list[Case]:
     out += [_flash_case("causal_gqa", dtype, shape) for shape in HEAD_SHAPES]
     for shape in MIXER_SHAPES:
       out += [_delta_case(True, dtype, shape), _dplr_case(dtype, shape)]
+      if "hk" in MIXER_SHAPES[shape]:  # ungated grouped delta reads q/k-head inputs at h // G
+        out.append(_delta_case(False, dtype, shape))
   return out
 
 
@@ -327,15 +331,19 @@ CASES = {c.name: c for c in all_cases()}
 # * The mixers at the families' K 128, V 256 (:data:`MIXER_SHAPES`: Gated DeltaNet and the
 #   DPLR engine), bf16 on all four targets. Not float32: on H200 its tiles spill more
 #   there than ACCEPTED_SPILLS allows at the gpu_check shape (chunk_dplr_fwd 2416 B).
+#   With grouped value heads (q, k with half the heads: the kernels index q/k head h // G),
+#   bf16 on H200 and v5e, one GPU and one TPU lowering of those index maps.
 # experiments/compile_report.py (and this module's CLI) compile every case on every target.
 _HEADS_BF16 = tuple(f"bf16/{h}" for h in HEAD_SHAPES)
 _HEADS_F32 = ("f32/d192v128", "f32/d256")
-_MIXERS_BF16 = tuple(f"bf16/{m}" for m in MIXER_SHAPES)
+_MIXERS_BF16 = tuple(f"bf16/{m}" for m in MIXER_SHAPES if "hk" not in MIXER_SHAPES[m])
+_GROUPED_BF16 = tuple(f"bf16/{m}" for m in MIXER_SHAPES if "hk" in MIXER_SHAPES[m])
 CI_GROUPS = {
     "h200": ("bf16/gpu_check", "f32/gpu_check", "bf16/odd") + _HEADS_BF16 + _HEADS_F32
-    + ("f32/d80",) + _MIXERS_BF16,
+    + ("f32/d80",) + _MIXERS_BF16 + _GROUPED_BF16,
     "a100": ("bf16/gpu_check",) + _HEADS_BF16 + _HEADS_F32 + _MIXERS_BF16,
-    "v5e": ("bf16/small", "f32/small", "bf16/odd") + _HEADS_BF16 + _HEADS_F32 + _MIXERS_BF16,
+    "v5e": ("bf16/small", "f32/small", "bf16/odd") + _HEADS_BF16 + _HEADS_F32 + _MIXERS_BF16
+    + _GROUPED_BF16,
     "v6e": ("bf16/small",) + _HEADS_BF16 + _MIXERS_BF16,
 }
 
