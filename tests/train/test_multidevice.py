@@ -1,5 +1,5 @@
-"""Data parallelism, FSDP (also with gradient accumulation or stacked layers) and batch-sharded decoding on 4
-fake CPU devices match one device (run in a subprocess)."""
+"""Data parallelism, FSDP (also with gradient accumulation or stacked layers) and
+batch-sharded decoding on 4 fake CPU devices match one device (run in a subprocess)."""
 
 from __future__ import annotations
 
