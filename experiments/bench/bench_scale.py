@@ -449,7 +449,8 @@ def main_depth(argv=None) -> dict:
          "model": {**shape, "mixer": args.mixer, "vocab": 256, "seq_len": 512, "devices": 1},
          "device": f"CPU, {os.cpu_count()} cores, jax {jax.__version__}", "rows": []}
   for scan in (False, True):
-    for depth in (int(x) for x in (args.depths if scan else args.unrolled_depths).split(",")):
+    for depth in (int(x) for x in (args.depths if scan else args.unrolled_depths).split(",")
+                  if x):
       _, _, compile_s, cpu_s = abstract_step({**shape, "num_layers": depth}, 1, 512, "none",
                                              scan=scan, vocab=256, mixer=args.mixer,
                                              fsdp=False)
