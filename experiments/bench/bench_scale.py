@@ -40,8 +40,9 @@ another file (``results/bench_scale_model_cpu.json`` holds the committed table).
 
   python experiments/bench/bench_scale.py --part model --out results/bench_scale_model_cpu.json
 
-Part depth, ``--part depth``: the train step's compile time at two depths (default 6 and
-24 layers of Gated DeltaNet), with the blocks unrolled and scanned (``model.scan_layers``).
+Part depth, ``--part depth``: the train step's compile time against depth (default 6, 24
+and 48 layers of Gated DeltaNet scanned, ``model.scan_layers``, whose parameters and
+optimizer state are one stacked array per parameter; 6 and 24 unrolled).
 """
 
 from __future__ import annotations
@@ -435,7 +436,10 @@ def main_depth(argv=None) -> dict:
   """Part depth: compile time of the train step at two depths, unrolled and scanned."""
   p = argparse.ArgumentParser(description="bench_scale part depth: compile time vs depth")
   p.add_argument("--part", default="depth")
-  p.add_argument("--depths", default="6,24")
+  p.add_argument("--depths", default="6,24,48")
+  p.add_argument("--unrolled_depths", default="6,24",
+                 help="the depths also compiled unrolled (the deepest unrolled step takes "
+                      "minutes)")
   p.add_argument("--mixer", default="gated_deltanet")
   outputs.add_out(p, "bench_scale_depth_cpu.json")
   args = p.parse_args(argv)
@@ -445,7 +449,8 @@ def main_depth(argv=None) -> dict:
          "model": {**shape, "mixer": args.mixer, "vocab": 256, "seq_len": 512, "devices": 1},
          "device": f"CPU, {os.cpu_count()} cores, jax {jax.__version__}", "rows": []}
   for scan in (False, True):
-    for depth in (int(x) for x in args.depths.split(",")):
+    for depth in (int(x) for x in (args.depths if scan else args.unrolled_depths).split(",")
+                  if x):
       _, _, compile_s, cpu_s = abstract_step({**shape, "num_layers": depth}, 1, 512, "none",
                                              scan=scan, vocab=256, mixer=args.mixer,
                                              fsdp=False)

@@ -111,8 +111,10 @@ class Backbone(nnx.Module):
 
   ``remat`` (``"none"``, ``"block"``,
   ``"mixer_only"`` or a ``jax.checkpoint_policies`` name) and ``scan_layers`` choose what
-  the backward pass keeps and whether the stack runs as a scan over its repeating unit
-  (:mod:`linear_attention.models.stack`); neither changes the values.
+  the backward pass keeps and whether the stack is stored stacked and run as a scan over its
+  repeating unit (``blocks`` is then a :class:`~linear_attention.models.stack.StackedBlocks`,
+  whose parameters are the unscanned model's stacked; see
+  :mod:`linear_attention.models.stack`); neither changes the values.
   """
 
   def __init__(self, vocab_size: int, d_model: int, num_layers: int | None = None, *,
@@ -134,6 +136,7 @@ class Backbone(nnx.Module):
                         mixer_kwargs=mixer_kwargs, short_conv=short_conv, norm_eps=norm_eps,
                         norm_offset=norm_offset, rngs=rngs, dtype=dtype,
                         param_dtype=param_dtype)
+      self._stack_if_scanned()
       return
     if norm_offset:
       raise ValueError(f"norm_offset applies to models given by layers=, got {norm_offset!r}.")
@@ -154,6 +157,15 @@ class Backbone(nnx.Module):
               param_dtype=param_dtype) for name in names])
     self.final_norm = nnx.RMSNorm(d_model, epsilon=norm_eps, dtype=dtype,
                                   param_dtype=param_dtype, rngs=rngs)
+    self._stack_if_scanned()
+
+  def _stack_if_scanned(self):
+    # Built layer by layer first, so the scanned model's parameters are the unscanned
+    # model's (same keys, same order) stacked.
+    if self.scan_layers:
+      stacked = stack.stack_blocks(list(self.blocks))
+      if stacked is not None:
+        self.blocks = stacked
 
   def _init_layers(self, vocab_size, d_model, layers, *, num_layers, pattern, mixer_kwargs,
                    short_conv, norm_eps, norm_offset, rngs, dtype, param_dtype):
@@ -180,7 +192,7 @@ class Backbone(nnx.Module):
 
   def run(self, x: Array, segment_ids: Array | None = None) -> Array:
     """Embedded ``x [B, T, D]`` through the blocks and the final norm."""
-    x = stack.run_blocks(self.blocks, x, segment_ids, remat=self.remat, scan=self.scan_layers)
+    x = stack.run_blocks(self.blocks, x, segment_ids, remat=self.remat)
     return self.final_norm(x)
 
   def __call__(self, tokens: Array, segment_ids: Array | None = None) -> Array:

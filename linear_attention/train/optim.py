@@ -9,6 +9,8 @@ import jax
 import optax
 from flax import nnx
 
+from linear_attention.models import stack
+
 # Parameter names never decayed whatever their rank: norm scales, biases (``b`` is the
 # block-diagonal gates' bias of Hawk), and the log-space decay / step-size / skip
 # parameters of the recurrent mixers (decaying them towards 0 changes the dynamics,
@@ -60,10 +62,12 @@ def decay_mask(params) -> Any:
 
   Decayed: parameters with ``ndim >= 2`` whose name is not in :data:`NO_DECAY_NAMES`
   (matrices, embeddings, convolution filters). Not decayed: every 1-D parameter, norm
-  scales, biases and the recurrent mixers' decay/step parameters.
+  scales, biases and the recurrent mixers' decay/step parameters. A parameter stored
+  stacked over layers (``model.scan_layers``) is judged by one layer's slice.
   """
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: bool(x.ndim >= 2 and _name(path) not in NO_DECAY_NAMES), params)
+      lambda path, x: bool(x.ndim - stack.layer_axes(path) >= 2
+                           and _name(path) not in NO_DECAY_NAMES), params)
 
 
 def make_tx(cfg: Mapping[str, Any], total_steps: int) -> optax.GradientTransformation:

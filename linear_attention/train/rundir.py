@@ -36,8 +36,9 @@ RESOLVED_ERROR_LOG = "error.resolved.log"  # error.log of earlier attempts, once
 # the run logs, evaluates and saves, where it runs, and how long (``train.steps``).
 # Everything else (``model.*``, ``data.*``, ``optim.*``, ``train.seed``) shapes the
 # parameters, the optimiser state or the data stream the checkpoints were made with.
-# model.remat and model.scan_layers change what the backward pass keeps, not the parameters.
-RESUMABLE_FIELDS = ("train.", "mesh.", "model.remat", "model.scan_layers", "save_hf")
+# model.remat changes what the backward pass keeps, not the parameters; model.scan_layers
+# stores the repeated blocks' parameters stacked, so the checkpoints' layout follows it.
+RESUMABLE_FIELDS = ("train.", "mesh.", "model.remat", "save_hf")
 FROZEN_FIELDS = ("train.seed",)
 
 

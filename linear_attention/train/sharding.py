@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from linear_attention.models import stack
 from linear_attention.nn import context_parallel
 
 DATA = "data"
@@ -90,11 +91,13 @@ def check_seq_len(seq_len: int, mesh: jax.sharding.Mesh) -> None:
                      "(each device holds T / seq consecutive tokens).")
 
 
-def fsdp_spec(shape: tuple[int, ...], n: int) -> P:
-  """The spec sharding the largest dimension of ``shape`` divisible by ``n`` (else replicated)."""
+def fsdp_spec(shape: tuple[int, ...], n: int, skip: int = 0) -> P:
+  """The spec sharding the largest dimension of ``shape`` divisible by ``n`` (else
+  replicated), among the dimensions after the first ``skip`` (a stacked parameter's layer
+  axis, which the scan over layers slices every step, is never sharded)."""
   if n == 1 or not shape:
     return P()
-  order = sorted(range(len(shape)), key=lambda i: (-shape[i], i))
+  order = sorted(range(skip, len(shape)), key=lambda i: (-shape[i], i))
   for i in order:
     if shape[i] % n == 0:
       spec = [None] * len(shape)
@@ -104,14 +107,15 @@ def fsdp_spec(shape: tuple[int, ...], n: int) -> P:
 
 
 def state_shardings(state, mesh: jax.sharding.Mesh, fsdp: bool):
-  """A ``NamedSharding`` per array leaf of ``state``: FSDP-sharded or replicated."""
+  """A ``NamedSharding`` per array leaf of ``state``: FSDP-sharded (never along a stacked
+  parameter's layer axis) or replicated."""
   n = mesh.shape[DATA]
 
-  def one(x):
+  def one(path, x):
     shape = tuple(getattr(x, "shape", ()))
-    return NamedSharding(mesh, fsdp_spec(shape, n) if fsdp else P())
+    return NamedSharding(mesh, fsdp_spec(shape, n, stack.layer_axes(path)) if fsdp else P())
 
-  return jax.tree.map(one, state)
+  return jax.tree_util.tree_map_with_path(one, state)
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:

@@ -45,12 +45,62 @@ def test_remat_gives_the_same_loss_and_gradients(remat):
   _assert_grads_close(grads, ref_grads)
 
 
+def _unstacked(tree):
+  """A scanned model's pure-dict state (or gradient) in the unscanned model's layout."""
+  tree = dict(tree)
+  backbone = dict(tree["backbone"])
+  units = backbone["blocks"]["stacked_layers"]
+  backbone["blocks"] = dict(enumerate(stack.unstack_states([units[j] for j in sorted(units)])))
+  tree["backbone"] = backbone
+  return tree
+
+
 @pytest.mark.parametrize("remat", ["none", "block"])
-def test_scan_over_layers_gives_the_same_loss_and_gradients(remat):
-  ref_loss, ref_grads = jax.jit(_loss_and_grads)(_model(), TOKENS)
-  loss, grads = jax.jit(_loss_and_grads)(_model(remat, scan=True), TOKENS)
+@pytest.mark.parametrize("pattern,num_layers", [("GA", 4), ("G", 3)])
+def test_scan_over_layers_gives_the_same_loss_and_gradients(remat, pattern, num_layers):
+  ref_model = _model(pattern=pattern, num_layers=num_layers)
+  model = _model(remat, scan=True, pattern=pattern, num_layers=num_layers)
+  assert isinstance(model.blocks, stack.StackedBlocks)
+  # The same initial parameters, stacked over the layers.
+  for a, b in zip(jax.tree.leaves(_unstacked(nnx.to_pure_dict(nnx.state(model)))),
+                  jax.tree.leaves(nnx.to_pure_dict(nnx.state(ref_model)))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  ref_loss, ref_grads = jax.jit(_loss_and_grads)(ref_model, TOKENS)
+  loss, grads = jax.jit(_loss_and_grads)(model, TOKENS)
   np.testing.assert_allclose(np.asarray(loss), np.asarray(ref_loss), rtol=1e-6)
+  grads = _unstacked(grads)
+  assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
   _assert_grads_close(grads, ref_grads)
+
+
+def test_stacked_parameters_are_stored_once_with_a_layer_axis():
+  model = _model(scan=True, pattern="GA", num_layers=6)
+  ref = _model(pattern="GA", num_layers=6)
+  state = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  # One leaf per parameter of the unit, [repeats, ...]: no per-layer copy is kept.
+  ref_blocks = nnx.to_pure_dict(nnx.state(ref, nnx.Param))["backbone"]["blocks"]
+  assert len(jax.tree.leaves(state["backbone"]["blocks"])) == len(jax.tree.leaves(ref_blocks)) // 3
+  assert models.count_params(model) == models.count_params(ref)
+  scale = state["backbone"]["blocks"]["stacked_layers"][0]["mlp_norm"]["scale"]
+  assert scale.shape == (3, 16)
+
+
+def test_a_scanned_model_decodes_as_the_unscanned_one():
+  ref, model = _model(pattern="GA", num_layers=4), _model(scan=True, pattern="GA", num_layers=4)
+  c_ref, c = ref.init_cache(2, 8), model.init_cache(2, 8)
+  for t in range(3):
+    out_ref, c_ref = ref.decode_step(TOKENS[:, t], c_ref)
+    out, c = model.decode_step(TOKENS[:, t], c)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(out_ref), rtol=1e-5, atol=1e-6)
+
+
+def test_stack_and_unstack_states_are_inverse():
+  layer_states = [{"w": jnp.full((2,), float(i))} for i in range(6)]
+  units = stack.stack_states(layer_states, period=2)
+  np.testing.assert_array_equal(units[1]["w"][:, 0], [1.0, 3.0, 5.0])
+  back = stack.unstack_states(units)
+  for a, b in zip(back, layer_states):
+    np.testing.assert_array_equal(a["w"], b["w"])
 
 
 def test_remat_keeps_less_for_the_backward_pass():

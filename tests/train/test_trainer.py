@@ -38,6 +38,19 @@ def test_decay_mask_skips_norms_biases_and_1d():
   assert gate_b and not flat[gate_b[0]][0] and flat[gate_b[0]][1] == 2
 
 
+def test_decay_mask_judges_a_stacked_parameter_by_one_layer():
+  def mask(scan):
+    model = models.LanguageModel(32, 16, 2, mixer="gla", num_heads=2, rngs=nnx.Rngs(0),
+                                 scan_layers=scan)
+    return {jax.tree_util.keystr(p): bool(m) for p, m in jax.tree_util.tree_leaves_with_path(
+        optim.decay_mask(nnx.state(model, nnx.Param)))}
+  # Layer 0 of the unscanned model against the stack of both layers (period 1).
+  ref = {k.replace("['blocks'][0]", "['blocks']['stacked_layers'][0]"): v
+         for k, v in mask(False).items() if "['blocks'][1]" not in k}
+  assert mask(True) == ref
+  assert sorted(set(ref.values())) == [False, True]
+
+
 # Written out, not read from optim.NO_DECAY_NAMES: dropping a name there must fail here.
 EXPECTED_NO_DECAY = ("scale", "bias", "b", "dt_bias", "A_log", "D", "log_lambda", "log_dt",
                      "A_imag", "log_neg_A_real", "decay_base", "bonus", "maa_x", "maa_wkvrg")
@@ -233,8 +246,11 @@ class _RecordingDataset(FakeDataset):
     return super().batch(step, split)
 
 
-def test_resume_restores_the_optimiser_state_and_the_data_position(tmp_path):
+@pytest.mark.parametrize("scan", [False, True])
+def test_resume_restores_the_optimiser_state_and_the_data_position(tmp_path, scan):
   cfg = fake_config(steps=6, checkpoint_every=2, keep_checkpoints=3, eval_every=0)
+  if scan:  # two blocks stored stacked (model.scan_layers): the checkpoint holds the stack
+    cfg.model.num_layers, cfg.model.scan_layers = 2, True
   full = train.train_and_evaluate(cfg, str(tmp_path / "full"), dataset=FakeDataset(),
                                   verbose=False)
   wd = str(tmp_path / "cut")
@@ -245,6 +261,7 @@ def test_resume_restores_the_optimiser_state_and_the_data_position(tmp_path):
                jax.tree_util.tree_leaves_with_path(train.load_checkpoint(wd, 4)["1"])}
   counts = [v for k, v in opt_state.items() if "count" in k or "'step'" in k]
   assert counts and all(int(c) == 4 for c in counts)
+  assert scan == any("stacked_layers" in k for k in opt_state)
   assert all(np.any(v != 0) for k, v in opt_state.items() if "['mu']" in k)
   ds = _RecordingDataset()
   resumed = train.train_and_evaluate(cfg, wd, dataset=ds, verbose=False)
