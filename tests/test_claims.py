@@ -400,7 +400,7 @@ def test_approximation_rules():
   assert v[positive.format(setting="s1")] == claims.REPRODUCED
   assert v[positive.format(setting="s2")] == claims.NOT_REPRODUCED
   assert v[orthogonal.format(setting="s1")] == claims.NOT_REPRODUCED  # holds == fails
-  assert v[orthogonal.format(setting="s2")] == claims.NOT_REPRODUCED  # all unclear
+  assert v[orthogonal.format(setting="s2")] == claims.INCONCLUSIVE  # all unclear: underpowered
   rows = claims.approximation_claims(approx_result({
       "s": {"positive_vs_trig": ["holds", "holds", "fails"], "orthogonal_vs_iid": []}}))
   assert by_claim(rows, "Positive")["verdict"] == claims.IN_SHAPE

@@ -30,9 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the modules be
 import claims_synthetic  # noqa: E402,F401  (its probe rows, for the tests)
 # The shared names are re-exported: the notebooks and tests read them from here.
 from claims_common import (  # noqa: E402,F401
-    COLUMNS, DEFAULT_RESULTS, IN_SHAPE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, STUDIES,
-    VERDICTS, SchemaError, _row, _smoke, binomial_se, diff_se, missing_results_message,
-    results_dir, significant, spearman)
+    COLUMNS, DEFAULT_RESULTS, IN_SHAPE, INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED,
+    STUDIES, VERDICTS, SchemaError, _row, _smoke, apply_rules, binomial_se, diff_se,
+    load_rules, missing_results_message, result_seeds, results_dir, significant, spearman,
+    underpowered)
 from claims_mqar import MQAR_CLAIMS, mqar_claims  # noqa: E402
 from claims_synthetic import COMPANIONS, SYN_CLAIMS, synthetic_claims  # noqa: E402
 from claims_lm import LM_CLAIMS, lm_claims  # noqa: E402
@@ -66,9 +67,10 @@ def study_claims(study: str, result: dict | None) -> list[dict]:
   if result is None:
     return _unmeasured(study, "no results file: run the study")
   try:
-    return CLAIM_FUNCTIONS[study](result)
+    rows = CLAIM_FUNCTIONS[study](result)
   except SchemaError as e:
     return _unmeasured(study, f"results file in an older format: rerun the study ({e})")
+  return apply_rules(rows, study, result)
 
 
 def load(results_dir: str, study: str) -> dict | None:
@@ -158,7 +160,8 @@ def main(argv=None) -> int:
                        "studies", "claims.json")
   doc = {"generated_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
              timespec="seconds"),
-         "rules": "see the docstring of experiments/studies/claims.py",
+         "rules": "experiments/studies/rules/<study>.json (thresholds, required seeds, "
+                  "budgets, rules set after results); decisions in claims_<study>.py",
          "results": sources(a.results or DEFAULT_RESULTS), "claims": rows}
   if _same_but_date(out, doc):  # a rerun on unchanged results leaves a committed file alone
     print(f"{out} unchanged")

@@ -112,6 +112,12 @@ def mqar_claims(result: dict) -> list[dict]:
   runs = result.get("runs") or []
   base = (f"budget: <= {b.get('training_examples_max', 0):,} examples per point"
           + (f" ({100 * frac:.2g}% of Zoology's)" if frac else ""))
+  # The binomial SE takes a sequence's queries as independent; runs written before per-sequence
+  # scores were stored cannot be given the clustered one.
+  binomial = sum(r.get("se_kind", "binomial") == "binomial" for r in table)
+  if binomial:
+    base += (f"; SE binomial at {binomial} of {len(table)} points (per-sequence scores not "
+             "stored: the SE clustered by sequence needs a re-run)")
 
   def scope(judged) -> str:
     """The budget text with the grid's cuts among the points ``judged(mixer, short_conv)``
