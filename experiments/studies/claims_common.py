@@ -183,11 +183,13 @@ def underpowered(diff: float, se: float) -> bool:
 
 def result_seeds(result: dict) -> int:
   """The fewest seeds behind any point of a study's result: its table rows' ``n_seeds``
-  (rows without it, and results written before seeds were an axis: 1)."""
+  (rows without it, and results written before seeds were an axis: 1), else an int
+  ``config.seeds`` (the approximation study's feature draws), else 1."""
   table = result.get("table") if isinstance(result, dict) else None
   if isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
     return min(int(r.get("n_seeds", 1)) for r in table)
-  return 1
+  seeds = result.get("config", {}).get("seeds") if isinstance(result, dict) else None
+  return seeds if isinstance(seeds, int) and seeds > 0 else 1  # approximation: feature draws
 
 
 def apply_rules(rows: list[dict], study: str, result: dict | None,
