@@ -139,3 +139,26 @@ def test_underpowered_is_within_two_se_of_the_difference():
   assert claims.underpowered(0.480 - 0.5, 0.022)
   assert not claims.underpowered(0.05, 0.022)  # 0.05 > 0.044
   assert math.isclose(2 * 0.022, 0.044)
+
+
+def test_lm_seed_table_keeps_the_best_mean_rate():
+  lm = helpers.load_experiment("study_lm")
+
+  def run(lr, seed, bpb, conv=0):
+    o = {"data.corpus": "kjv", "model.mixer": "softmax", "model.mlp_ratio": 4.0,
+         "optim.lr": lr, **su.seed_overrides(seed), **({"model.short_conv": 4} if conv else {})}
+    return {"overrides": o, "metrics": {"validation_bits_per_byte": bpb, "num_params": 1},
+            "train_curve": [{"tokens_per_s": 10.0}]}
+
+  # lr 1e-3: mean (2.0 + 2.2 + 2.4) / 3 = 2.2, SE 0.2 / sqrt(3) = 0.11547; lr 3e-3: mean 2.3
+  # (its best seed, 1.9, is lower than any of 1e-3's: a best-seed rule would pick it).
+  runs = [run(1e-3, s, b) for s, b in ((0, 2.0), (1, 2.2), (2, 2.4))]
+  runs += [run(3e-3, s, b) for s, b in ((0, 1.9), (1, 2.5), (2, 2.5))]
+  runs += [run(3e-3, 0, 2.1, conv=1)]
+  table = {r["mixer"]: r for r in lm.seed_table(runs, 3e-3)}
+  assert table["softmax"]["lr"] == 1e-3 and table["softmax"]["n_seeds"] == 3
+  assert table["softmax"]["bits_per_byte"] == pytest.approx(2.2)
+  assert table["softmax"]["bpb_se"] == pytest.approx(0.1154701, abs=1e-6)
+  assert table["softmax"]["lr_bits_per_byte"] == {"0.001": pytest.approx(2.2),
+                                                   "0.003": pytest.approx(2.3)}
+  assert table["softmax+conv"]["bpb_se"] is None and table["softmax+conv"]["n_seeds"] == 1
