@@ -367,6 +367,9 @@ def main() -> int:
                  f"{', '.join(INITS)} (default: default); an init other than default adds "
                  "points only for the mixers it names")
   su.add_seeds_flag(p)
+  p.add_argument("--early-stop", type=float, default=None,
+                 help="validation accuracy that ends a run early (default: the size's 0.99; "
+                      "above 1 trains every run for its whole budget: equal steps for all)")
   p.add_argument("--merge", action="store_true",
                  help="keep the runs of the existing <out>/mqar.json and add (or replace) "
                       "this invocation's points: a subset grid completes the full table")
@@ -396,6 +399,8 @@ def main() -> int:
       raise ValueError(f"--inits must be among {', '.join(INITS)}; got {unknown}.")
   size["steps"] = su.scaled_steps(size["steps"], args)
   size["seeds"] = su.parse_seeds(args.seeds)
+  if args.early_stop is not None:
+    size["early_stop"] = args.early_stop
   points = points_of(size)
   steps = size["steps"]
   flags = (f"--config.data.vocab_size={size['vocab']}", "--config.data.random_non_queries=False",
