@@ -162,3 +162,13 @@ def test_lm_seed_table_keeps_the_best_mean_rate():
   assert table["softmax"]["lr_bits_per_byte"] == {"0.001": pytest.approx(2.2),
                                                    "0.003": pytest.approx(2.3)}
   assert table["softmax+conv"]["bpb_se"] is None and table["softmax+conv"]["n_seeds"] == 1
+
+
+def test_results_older_than_the_rule_files_are_marked_a_regrade():
+  rules = {"claims": [{"id": "C1", "claim": "x", "required_seeds": 1}], "history": []}
+  row = lambda: {"claim": "x", "verdict": claims.REPRODUCED, "reason": "r", "seeds": 1}  # noqa: E731
+  old = {"environment": {"date_utc": "2026-12-01T00:00:00+00:00"}}
+  new = {"environment": {"date_utc": "2099-01-01T00:00:00+00:00"}}
+  assert "rule file written after these results" in claims.apply_rules(
+      [row()], "mqar", old, rules)[0]["reason"]
+  assert "rule file written after" not in claims.apply_rules([row()], "mqar", new, rules)[0]["reason"]

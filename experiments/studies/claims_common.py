@@ -192,6 +192,15 @@ def result_seeds(result: dict) -> int:
   return seeds if isinstance(seeds, int) and seeds > 0 else 1  # approximation: feature draws
 
 
+RULES_SET = load_rules("common")["set_utc"]  # when the rule files were first committed
+
+
+def _after_results(result: dict | None) -> bool:
+  """Whether ``result`` was written before the rule files (its ``environment.date_utc``)."""
+  date = ((result or {}).get("environment") or {}).get("date_utc")
+  return bool(date) and str(date) < RULES_SET
+
+
 def apply_rules(rows: list[dict], study: str, result: dict | None,
                 rules: dict | None = None) -> list[dict]:
   """``rows`` of ``study`` judged by its rule file: each row gets the rule's ``id``,
@@ -224,6 +233,9 @@ def apply_rules(rows: list[dict], study: str, result: dict | None,
       row["verdict"] = INCONCLUSIVE
     if rule.get("note"):
       row["reason"] += "; " + rule["note"]
+    if _after_results(result):
+      row["reason"] += (f"; rule file written after these results (rules/{study}.json, "
+                        f"{RULES_SET[:10]}): a re-grade, not a rule fixed in advance")
     for h in rules.get("history") or []:
       if rule["id"] in h.get("applies_to", [rule["id"]]):
         row["reason"] += (f"; rule set after its results: {h['change']} in {h['commit']}, "
