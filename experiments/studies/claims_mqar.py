@@ -313,7 +313,10 @@ def mqar_claims(result: dict) -> list[dict]:
                 f"{same['default_accuracy']:.3f}, validation, n={v:,}")
       else:
         g = acc - d_acc
-        se = diff_se(binomial_se(acc, n), r.get("default_init_se", binomial_se(d_acc, n)))
+        # Each init's own SE where the table has it (between-seed or clustered), else binomial.
+        se = diff_se((r.get("init_se") or {}).get(key, binomial_se(acc, n)),
+                     r["default_init_se"] if r.get("default_init_se") is not None
+                     else binomial_se(d_acc, n))
         text = (f"{name} {acc:.3f}"
                 + (f" in {steps} steps" if steps and steps < (_default_steps(r) or steps) else "")
                 + f", default {d_acc:.3f}")

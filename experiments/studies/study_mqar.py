@@ -317,6 +317,7 @@ def best_table(rows: list[dict], size: dict) -> list[dict]:
         "lr_accuracies": {str(k[1]): g[1]["accuracy"] for k, g in default.items()},
         "init_accuracies": {key_text(k): g[1]["accuracy"] for k, g in groups.items()},
         "init_seed_accuracies": {key_text(k): g[1]["seed_accuracies"] for k, g in groups.items()},
+        "init_se": {key_text(k): g[1]["se"] for k, g in groups.items()},
         # The training budget of each (init, rate): a later init sweep may train fewer steps.
         "init_steps": {key_text(k): g[0][0].get("steps_max") for k, g in groups.items()},
         # Runs scored at a checkpoint before their budget's end (stopped at the deadline).
