@@ -5,7 +5,9 @@
 T=256 with 16 pairs; ``large``: T=512, 64 pairs, d_model 256).
 
 ``get_sweep()`` compares mixers over learning rates (Zoology sweeps the learning rate per
-model, since the best one differs between architectures).
+model, since the best one differs between architectures); with ``sweep=frontier`` it is the
+recall-versus-state grid (the state size varied within each architecture at fixed width, as
+in Zoology's and Based's figures; ``FRONTIER``), once per seed of ``seeds`` (``0/1/2``).
 """
 
 from __future__ import annotations
@@ -27,9 +29,17 @@ SIZES = {
 }
 
 
+# The recall-versus-state frontier: per architecture, the option that sets its state size and
+# three values (at d_model 64 with 2 heads: GLA key dim 8/16/32 per head, Based's Taylor
+# features 4/8/16, Mamba's SSM state 4/16/64, a sliding window of 32/64/128 tokens).
+FRONTIER = {"gla": ("expand_k", (0.25, 0.5, 1.0)), "based": ("feature_dim", (4, 8, 16)),
+            "mamba": ("d_state", (4, 16, 64)), "local": ("window", (32, 64, 128))}
+ARGS = dict(mixer="gla", pattern="", size="small", sweep="mixers", seeds="0")
+
+
 def get_config(arg: str | None = None):
   """The config for ``arg`` (``"mixer=gla,size=small"``); see the module docstring."""
-  args = common.parse_arg(arg, dict(mixer="gla", pattern="", size="small"))
+  args = common.parse_arg(arg, ARGS)
   common.check_choice("size", args.size, SIZES)
   s = SIZES[args.size]
   c = common.base_config("mqar")
@@ -43,7 +53,24 @@ def get_config(arg: str | None = None):
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-  """Mixers x learning rates (override dicts for ``linear_attention.sweep``)."""
-  del arg
-  return sweep.product({"model.mixer": list(registry.select(study="mqar"))},
-                       {"optim.lr": [1e-3, 3e-3]})
+  """Mixers x learning rates, or with ``sweep=frontier`` the ``FRONTIER`` grid, times the
+  ``seeds`` (``"0/1/2"``; seed 0 sets no override) (override dicts for
+  ``linear_attention.sweep``).
+
+  Raises:
+    ValueError: an unknown ``sweep`` or a malformed ``seeds``.
+  """
+  args = common.parse_arg(arg, ARGS)
+  common.check_choice("sweep", args.sweep, ("mixers", "frontier"))
+  try:
+    seeds = [int(x) for x in str(args.seeds).split("/")]
+  except ValueError:
+    raise ValueError(f"seeds must be ints joined by '/', got {args.seeds!r}.") from None
+  seed_axis = [{"train.seed": x} if x else {} for x in seeds]
+  if args.sweep == "frontier":
+    points = [{"model.mixer": m, f"model.mixer_kwargs.{m}.{key}": v}
+              for m, (key, values) in FRONTIER.items() for v in values]
+  else:
+    points = sweep.product({"model.mixer": list(registry.select(study="mqar"))},
+                           {"optim.lr": [1e-3, 3e-3]})
+  return sweep.product(seed_axis, points)

@@ -160,3 +160,30 @@ def test_a_run_scored_at_a_checkpoint_is_not_reported_as_failed():
           {"status": "stopped", "stopped_at": 300, "test_accuracy": 0.1},  # scored: a cut
           {"status": "stopped"}, {"status": "failed"}]  # no checkpoint to score; a failure
   assert mqar.unfinished(rows) == [rows[0], rows[1], rows[3], rows[4]]
+
+
+def test_seeds_are_an_axis_and_seed_zero_sets_no_override():
+  size = dict(mqar.SMOKE, mixers=("gla",), no_conv_mixers=(), seeds=(0, 1, 2))
+  points = mqar.points_of(size)
+  assert [p.get("train.seed") for p in points] == [None, 1, 2]
+  # Each seed is its own point for the later learning rates.
+  assert len({mqar.setting_key(p) for p in points}) == 3
+
+
+def test_frontier_sweep_varies_the_state_within_each_architecture():
+  from configs import mqar as mqar_config
+  from linear_attention import nn
+
+  points = mqar_config.get_sweep("sweep=frontier,seeds=0/1/2")
+  assert len(points) == 4 * 3 * 3  # architectures x state sizes x seeds
+  for m, (key, values) in mqar_config.FRONTIER.items():
+    assert key in nn.mixer_kwargs(m)
+    got = sorted(p[f"model.mixer_kwargs.{m}.{key}"] for p in points
+                 if p["model.mixer"] == m and "train.seed" not in p)
+    assert got == sorted(values)
+  assert len(mqar_config.get_sweep(None)) == 2 * len(mqar.MIXERS)  # the default sweep unchanged
+  import pytest
+  with pytest.raises(ValueError, match="sweep"):
+    mqar_config.get_sweep("sweep=nope")
+  with pytest.raises(ValueError, match="seeds"):
+    mqar_config.get_sweep("sweep=frontier,seeds=a/b")

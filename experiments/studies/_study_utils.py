@@ -142,6 +142,96 @@ def binomial_se(p: float, n: int) -> float:
   return math.sqrt(p * (1 - p) / n) if n else float("nan")
 
 
+def seed_mean_se(values) -> tuple[float, float | None]:
+  """The mean of one figure over seeds and its between-seed standard error
+  ``stdev(values, ddof=1) / sqrt(n)``; the error is None for a single seed (one run shows no
+  spread).
+
+  Args:
+    values: the figure of each seed (an accuracy, a loss), at least one.
+
+  Raises:
+    ValueError: ``values`` is empty.
+
+  Example: ``seed_mean_se([0.9, 0.8, 0.7])`` is ``(0.8, 0.0577...)``.
+  """
+  values = [float(v) for v in values]
+  if not values:
+    raise ValueError("values must hold at least one seed's figure, got none.")
+  n = len(values)
+  mean = sum(values) / n
+  if n < 2:
+    return mean, None
+  var = sum((v - mean) ** 2 for v in values) / (n - 1)
+  return mean, math.sqrt(var / n)
+
+
+def clustered_se(correct, counts) -> tuple[float, float]:
+  """An accuracy over items grouped in clusters (the queries of one MQAR sequence) and its
+  cluster-robust standard error: items of one cluster share its sequence, so the cluster,
+  not the item, is the independent unit.
+
+  With ``p = sum(correct) / sum(counts)`` over ``G`` clusters, the error is
+  ``sqrt(G / (G - 1) * sum((correct_i - p * counts_i) ** 2)) / sum(counts)``; with equal
+  counts this is the standard error of the mean of the per-cluster accuracies.
+
+  Args:
+    correct: items right per cluster.
+    counts: items scored per cluster (clusters with none are ignored).
+
+  Raises:
+    ValueError: lengths differ, or fewer than 2 clusters with items.
+
+  Example: ``clustered_se([2, 0], [2, 2])`` is ``(0.5, 0.5)``.
+  """
+  if len(correct) != len(counts):
+    raise ValueError(f"correct and counts must have one entry per cluster, got lengths "
+                     f"{len(correct)} and {len(counts)}.")
+  pairs = [(float(c), float(n)) for c, n in zip(correct, counts) if n > 0]
+  if len(pairs) < 2:
+    raise ValueError(f"clustered_se needs at least 2 clusters with items, got {len(pairs)}.")
+  g, total = len(pairs), sum(n for _, n in pairs)
+  p = sum(c for c, _ in pairs) / total
+  ss = sum((c - p * n) ** 2 for c, n in pairs)
+  return p, math.sqrt(g / (g - 1) * ss) / total
+
+
+def seed_overrides(seed: int) -> dict:
+  """The override of training seed ``seed``: none for seed 0 (the configs' default), so runs
+  trained before seeds were an axis count as seed 0 and are reused."""
+  return {"train.seed": int(seed)} if seed else {}
+
+
+def seed_of(overrides: dict) -> int:
+  """The training seed of a point's overrides (0 when they set none)."""
+  return int(overrides.get("train.seed", 0))
+
+
+def add_seeds_flag(parser) -> None:
+  """``--seeds``, for the studies that train each point once per seed."""
+  parser.add_argument("--seeds", default=None,
+                      help="comma-separated training seeds, each point trained once per seed "
+                           "(default: 0); result rows carry their seed and the table the "
+                           "between-seed mean and standard error")
+
+
+def parse_seeds(text: str | None) -> tuple[int, ...]:
+  """``--seeds 0,1,2`` as a tuple of distinct non-negative ints (None: ``(0,)``).
+
+  Raises:
+    ValueError: a seed that is not a non-negative int, or one given twice.
+  """
+  if not text:
+    return (0,)
+  try:
+    seeds = tuple(int(s) for s in text.split(","))
+  except ValueError:
+    raise ValueError(f"--seeds must be comma-separated non-negative ints, got {text!r}.") from None
+  if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    raise ValueError(f"--seeds must be distinct non-negative ints, got {text!r}.")
+  return seeds
+
+
 def loglog_slope(xs, ys) -> float | None:
   """Least-squares slope of ``log y`` against ``log x``; None with under 2 distinct x.
 

@@ -10,7 +10,8 @@ modules is reachable here).
 
     python experiments/studies/claims.py [--results DIR] [--out FILE]
 
-prints the table and writes ``--out``: by default ``<results>/claims.json`` when
+(``--readme README.md`` also rewrites the README's results-at-a-glance block), prints the
+table and writes ``--out``: by default ``<results>/claims.json`` when
 ``--results`` is given, else ``runs/results/studies/claims.json`` (the committed
 ``results/studies/claims.json`` only when asked: ``--results results/studies``).
 """
@@ -30,9 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the modules be
 import claims_synthetic  # noqa: E402,F401  (its probe rows, for the tests)
 # The shared names are re-exported: the notebooks and tests read them from here.
 from claims_common import (  # noqa: E402,F401
-    COLUMNS, DEFAULT_RESULTS, IN_SHAPE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, STUDIES,
-    VERDICTS, SchemaError, _row, _smoke, binomial_se, diff_se, missing_results_message,
-    results_dir, significant, spearman)
+    COLUMNS, DEFAULT_RESULTS, IN_SHAPE, INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED,
+    STUDIES, VERDICTS, SchemaError, _row, _smoke, apply_rules, binomial_se, diff_se,
+    load_rules, missing_results_message, result_seeds, results_dir, significant, spearman,
+    underpowered)
 from claims_mqar import MQAR_CLAIMS, mqar_claims  # noqa: E402
 from claims_synthetic import COMPANIONS, SYN_CLAIMS, synthetic_claims  # noqa: E402
 from claims_lm import LM_CLAIMS, lm_claims  # noqa: E402
@@ -66,9 +68,10 @@ def study_claims(study: str, result: dict | None) -> list[dict]:
   if result is None:
     return _unmeasured(study, "no results file: run the study")
   try:
-    return CLAIM_FUNCTIONS[study](result)
+    rows = CLAIM_FUNCTIONS[study](result)
   except SchemaError as e:
     return _unmeasured(study, f"results file in an older format: rerun the study ({e})")
+  return apply_rules(rows, study, result)
 
 
 def load(results_dir: str, study: str) -> dict | None:
@@ -127,6 +130,44 @@ def to_markdown(rows: list[dict], columns=COLUMNS) -> str:
   return "\n".join(lines)
 
 
+GLANCE_START, GLANCE_END = "<!-- glance:start (claims.py --readme) -->", "<!-- glance:end -->"
+
+
+def glance_markdown(rows: list[dict]) -> str:
+  """The README's "Results at a glance" table: one line per claim of ``rows`` (claims.json's),
+  its id, study, claim, verdict and seeds against the seeds its rule requires, then the
+  counts of :func:`summary`."""
+  lines = ["| id | study | claim | verdict | seeds (required) |", "|---|---|---|---|---|"]
+  for r in rows:
+    need = r.get("required_seeds")
+    seeds = "-" if r["verdict"] == NOT_MEASURED else (
+        f"{r.get('seeds', '-')}" + (f" ({need})" if need else ""))
+    lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in (
+        r.get("id") or "-", r["study"], r["claim"], r["verdict"], seeds)) + " |")
+  return "\n".join(lines + ["", summary(rows) + "."])
+
+
+def write_glance(readme: str, rows: list[dict]) -> bool:
+  """Replaces the block between ``GLANCE_START`` and ``GLANCE_END`` of ``readme`` with
+  :func:`glance_markdown`; returns whether the file changed.
+
+  Raises:
+    ValueError: ``readme`` lacks the markers.
+  """
+  with open(readme) as f:
+    text = f.read()
+  if GLANCE_START not in text or GLANCE_END not in text:
+    raise ValueError(f"readme must hold the lines {GLANCE_START!r} and {GLANCE_END!r}; "
+                     f"{readme} has {'neither' if GLANCE_START not in text else 'no end'}.")
+  head, rest = text.split(GLANCE_START, 1)
+  new = head + GLANCE_START + "\n" + glance_markdown(rows) + "\n" + GLANCE_END + \
+      rest.split(GLANCE_END, 1)[1]
+  if new != text:
+    with open(readme, "w") as f:
+      f.write(new)
+  return new != text
+
+
 def sources(results_dir: str, studies=STUDIES) -> dict:
   """Per study: whether results exist, their size (smoke or full), date and commit."""
   out = {}
@@ -145,8 +186,12 @@ def main(argv=None) -> int:
   p.add_argument("--out", default=None,
                  help="JSON to write (default: <results>/claims.json with --results, else "
                       "runs/results/studies/claims.json)")
+  p.add_argument("--readme", default=None,
+                 help="also rewrite this README's results-at-a-glance block from the table")
   a = p.parse_args(argv)
   rows = all_claims(a.results or DEFAULT_RESULTS)
+  if a.readme:
+    print(f"{a.readme} {'rewritten' if write_glance(a.readme, rows) else 'unchanged'}")
   print(format_table(rows))
   print(summary(rows))
   if a.out:
@@ -158,7 +203,8 @@ def main(argv=None) -> int:
                        "studies", "claims.json")
   doc = {"generated_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
              timespec="seconds"),
-         "rules": "see the docstring of experiments/studies/claims.py",
+         "rules": "experiments/studies/rules/<study>.json (thresholds, required seeds, "
+                  "budgets, rules set after results); decisions in claims_<study>.py",
          "results": sources(a.results or DEFAULT_RESULTS), "claims": rows}
   if _same_but_date(out, doc):  # a rerun on unchanged results leaves a committed file alone
     print(f"{out} unchanged")

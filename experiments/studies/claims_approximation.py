@@ -5,8 +5,9 @@ logit scale), from ``comparison``: the paired test over seeds on the log MSE
 (``outcome_log``: holds / fails / unclear at each feature count ``m``):
 
 * holds at more than half of the comparisons and fails at none: reproduced;
-  holds at more than it fails: reproduced in shape; else not reproduced (all
-  unclear: no significant difference).
+  holds at more than it fails: reproduced in shape; unclear (within ``Z`` SE) at more
+  than ``UNCLEAR_FRACTION`` of them: inconclusive (underpowered); else not reproduced.
+  The thresholds live in ``rules/common.json``.
 
 See ``claims.py`` for the table, the verdicts and the rules every study shares.
 """
@@ -18,7 +19,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the modules beside
 from claims_common import (  # noqa: E402
-    IN_SHAPE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, Z, _finish, _need, _row)
+    IN_SHAPE, INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, UNCLEAR_FRACTION, Z,
+    _finish, _need, _row)
 
 
 FAVOR = "Choromanski et al. 2021 (FAVOR+), section 2"
@@ -54,6 +56,9 @@ def approximation_claims(result: dict) -> list[dict]:
         verdict, reason = REPRODUCED, f"holds at most m by > {Z:g} SE, never reversed"
       elif holds > fails:
         verdict, reason = IN_SHAPE, "holds more often than it is reversed"
+      elif unclear > UNCLEAR_FRACTION * len(res):
+        verdict, reason = INCONCLUSIVE, (f"within {Z:g} SE at {unclear} of {len(res)} "
+                                         "comparisons: underpowered, no direction shown")
       elif fails:
         verdict, reason = NOT_REPRODUCED, "reversed at least as often as it holds"
       else:

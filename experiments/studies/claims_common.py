@@ -34,6 +34,7 @@ older than the study script, gives "not measured" rows.
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 import pathlib
@@ -107,20 +108,40 @@ def _explain_missing_results(results: pathlib.Path) -> None:
   ip.set_custom_exc((FileNotFoundError,), handler)
 
 COLUMNS = ("study", "claim", "source", "published", "ours", "verdict", "reason")
-REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED = (
-    "reproduced", "reproduced in shape", "not reproduced", "not measured")
-VERDICTS = (REPRODUCED, IN_SHAPE, NOT_REPRODUCED, NOT_MEASURED)
+REPRODUCED, IN_SHAPE, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED = (
+    "reproduced", "reproduced in shape", "not reproduced", "inconclusive", "not measured")
+VERDICTS = (REPRODUCED, IN_SHAPE, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED)
 STUDIES = ("cost", "approximation", "mqar", "synthetic", "lm", "listops", "extrapolation",
            "hybrid")
 
-Z = 2.0  # a difference is significant beyond Z standard errors
-SOLVED = 0.95  # accuracy at which a task counts as solved
-LEARNED = 0.5  # accuracy at which a task counts as learned (far above chance here)
-CLOSE_BPB = 0.05  # bits per byte: "close to softmax"
-LINEAR_SLOPE = (0.8, 1.2)
-QUADRATIC_SLOPE = (1.7, 2.5)
-CONSTANT_SLOPE = (-0.2, 0.2)
-SEPARATED_SLOPE = 0.5  # "in shape": the linear slope below the quadratic one by this much
+# Each study's claims, thresholds, required seeds and budget: committed before the runs they
+# judge (the history shows it), read here rather than written in the code.
+RULES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules")
+
+
+def load_rules(study: str, rules_dir: str = RULES_DIR) -> dict:
+  """The rule file ``<rules_dir>/<study>.json`` (``"common"``: the shared thresholds).
+
+  Raises:
+    ValueError: no rule file for ``study``.
+  """
+  path = os.path.join(rules_dir, f"{study}.json")
+  if not os.path.exists(path):
+    raise ValueError(f"study must have a rule file {path}; got study {study!r} without one.")
+  with open(path) as f:
+    return json.load(f)
+
+
+_T = load_rules("common")["thresholds"]
+Z = _T["z"]  # a difference is significant beyond Z standard errors
+SOLVED = _T["solved"]  # accuracy at which a task counts as solved
+LEARNED = _T["learned"]  # accuracy at which a task counts as learned (far above chance here)
+CLOSE_BPB = _T["close_bpb"]  # bits per byte: "close to softmax"
+LINEAR_SLOPE = tuple(_T["linear_slope"])
+QUADRATIC_SLOPE = tuple(_T["quadratic_slope"])
+CONSTANT_SLOPE = tuple(_T["constant_slope"])
+SEPARATED_SLOPE = _T["separated_slope"]  # "in shape": linear below quadratic by this much
+UNCLEAR_FRACTION = _T["inconclusive_unclear_fraction"]  # unclear beyond it: inconclusive
 GATED = registry.select(gating="data")  # input-dependent gates or decays
 # The claim names these two (Katharopoulos et al.'s ELU map and Performer), not every
 # ungated feature map: Based's Taylor map is published as closing much of the gap.
@@ -153,6 +174,77 @@ def diff_se(se_a: float, se_b: float) -> float:
 def significant(diff: float, se: float) -> bool:
   """``diff`` exceeds ``Z`` standard errors (positive direction)."""
   return diff > Z * se
+
+
+def underpowered(diff: float, se: float) -> bool:
+  """``|diff|`` within ``Z`` standard errors of the difference: neither direction shown."""
+  return abs(diff) <= Z * se
+
+
+def result_seeds(result: dict) -> int:
+  """The fewest seeds behind any point of a study's result: its table rows' ``n_seeds``
+  (rows without it, and results written before seeds were an axis: 1), else an int
+  ``config.seeds`` (the approximation study's feature draws), else 1."""
+  table = result.get("table") if isinstance(result, dict) else None
+  if isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
+    return min(int(r.get("n_seeds", 1)) for r in table)
+  seeds = result.get("config", {}).get("seeds") if isinstance(result, dict) else None
+  return seeds if isinstance(seeds, int) and seeds > 0 else 1  # approximation: feature draws
+
+
+RULES_SET = load_rules("common")["set_utc"]  # when the rule files were first committed
+
+
+def _after_results(result: dict | None) -> bool:
+  """Whether ``result`` was written before the rule files (its ``environment.date_utc``)."""
+  date = ((result or {}).get("environment") or {}).get("date_utc")
+  return bool(date) and str(date) < RULES_SET
+
+
+def apply_rules(rows: list[dict], study: str, result: dict | None,
+                rules: dict | None = None) -> list[dict]:
+  """``rows`` of ``study`` judged by its rule file: each row gets the rule's ``id``,
+  ``seeds`` (a claim function's own count, else :func:`result_seeds`) and
+  ``required_seeds``; a verdict (other than not measured) resting on fewer seeds than
+  required becomes :data:`INCONCLUSIVE`, its reason naming the verdict the numbers alone
+  give; a rule's ``note`` and each rule change after results (``history``) are added to the
+  reason, with the verdict under the old rule where the claim function gives it
+  (``old_verdict``). A row whose claim the file does not name says so in its reason.
+  """
+  rules = rules if rules is not None else load_rules(study)
+  by_claim = {c["claim"]: c for c in rules["claims"]}
+  default_seeds = result_seeds(result) if result is not None else 0
+  for row in rows:
+    rule = by_claim.get(row["claim"])
+    if rule is None:  # a claim the rule file does not name (a smoke grid's other mixers)
+      row.update(id=None, required_seeds=None)
+      row.setdefault("seeds", default_seeds)
+      row["reason"] += f"; no rule for this claim in rules/{study}.json"
+      row.pop("old_verdict", None)
+      continue
+    row["id"] = rule["id"]
+    row.setdefault("seeds", default_seeds)
+    row["required_seeds"] = need = rule["required_seeds"]
+    if row["verdict"] != NOT_MEASURED and row["seeds"] < need:
+      why = f" ({rule['why_seeds']})" if rule.get("why_seeds") else ""
+      row["reason"] = (f"{row['seeds']} seed{'s' * (row['seeds'] != 1)} of the {need} its rule "
+                       f"requires{why}; by the numbers alone: {row['verdict']}; "
+                       + row["reason"])
+      row["verdict"] = INCONCLUSIVE
+    if rule.get("note"):
+      row["reason"] += "; " + rule["note"]
+    if _after_results(result):
+      row["reason"] += (f"; rule file written after these results (rules/{study}.json, "
+                        f"{RULES_SET[:10]}): a re-grade, not a rule fixed in advance")
+    for h in rules.get("history") or []:
+      if rule["id"] in h.get("applies_to", [rule["id"]]):
+        row["reason"] += (f"; rule set after its results: {h['change']} in {h['commit']}, "
+                          f"after {h['after_results']}")
+        if h.get("old_rule"):
+          row["reason"] += (f"; under the old rule ({h['old_rule']}): "
+                            f"{row.get('old_verdict', 'not computed')}")
+    row.pop("old_verdict", None)
+  return rows
 
 
 def _ranks(x: list[float]) -> list[float]:

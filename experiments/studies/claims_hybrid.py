@@ -96,6 +96,10 @@ def hybrid_claims(result: dict) -> list[dict]:
     if others:
       why = f"{best['pattern']}: {why} (" + "; ".join(others) + ")"
     rows.append(_row(study, claim, source, published, text, v, f"{why}; {budget}"))
+    # The rule before the ASSS point was added judged the planned pattern (rules/hybrid.json).
+    planned = next((r for r in mq["hybrid"] if r["pattern"] == "SSSA"), None)
+    if planned is not None:
+      rows[-1]["old_verdict"] = _recall_verdict(planned, rec, sm)[0]
   lm = _kinds(table, "lm")
   claim, source, published = HYBRID_CLAIMS["lm"]
   budget = (f"budget: {result.get('budget', {}).get('lm_tokens', 0):,} training bytes per run, "

@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the modules beside
 from claims_common import (  # noqa: E402
     CLOSE_BPB, GATED, IN_SHAPE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, UNGATED, _finish,
-    _need, _row)
+    _need, _row, diff_se)
 
 
 LM_CLAIMS = {
@@ -45,10 +45,21 @@ def lm_claims(result: dict) -> list[dict]:
   tokens = result.get("training_tokens")
   val = cfg.get("eval_batches", 0) * cfg.get("batch", 0) * cfg.get("seq_len", 0)
   budget = (f"budget: {tokens:,} training tokens per run" if tokens else "budget: see lm.json")
-  budget += "; 1 seed"
+  seeds = sorted({r.get("n_seeds", 1) for r in table}) or [1]
+  budget += (f"; {seeds[0]} seed{'s' * (seeds[0] != 1)}" if len(seeds) == 1 else
+             f"; {seeds[0]}-{seeds[-1]} seeds")
+  if any(r.get("lr") is not None for r in table):
+    budget += "; learning rate per mixer: the best mean over seeds"
   for corpus in dict.fromkeys(r["corpus"] for r in table):
     bpb = {r["mixer"]: r["bits_per_byte"] for r in table
            if r["corpus"] == corpus and r["bits_per_byte"] is not None}
+    # Between-seed SEs where 2+ seeds ran (study_lm's ``bpb_se``), for the gaps' errors.
+    se = {r["mixer"]: r.get("bpb_se") for r in table if r["corpus"] == corpus}
+
+    def gap_text(m, g):
+      if se.get(m) is None or se.get("softmax") is None:
+        return f"{m} {g:+.3f}"
+      return f"{m} {g:+.3f} ± {diff_se(se[m], se['softmax']):.3f}"
 
     def add(key, ours, verdict, reason):
       claim, source, published = LM_CLAIMS[key]
@@ -68,7 +79,7 @@ def lm_claims(result: dict) -> list[dict]:
       add("gated", head, NOT_MEASURED, f"no gated mixer; {budget}")
     else:
       ours = (f"{len(close)}/{len(gaps)} gated within {CLOSE_BPB} bits/byte or better; gaps "
-              + ", ".join(f"{m} {g:+.3f}" for m, g in sorted(gaps.items(), key=lambda x: x[1]))
+              + ", ".join(gap_text(m, g) for m, g in sorted(gaps.items(), key=lambda x: x[1]))
               + f"; {head}")
       verdict = (REPRODUCED if len(close) > len(gaps) / 2 else IN_SHAPE if close
                  else NOT_REPRODUCED)
@@ -78,7 +89,7 @@ def lm_claims(result: dict) -> list[dict]:
     if not ungated:
       add("ungated", head, NOT_MEASURED, f"no ungated mixer; {budget}")
     else:
-      ours = "gaps " + ", ".join(f"{m} {g:+.3f}" for m, g in ungated.items()) + f"; {head}"
+      ours = "gaps " + ", ".join(gap_text(m, g) for m, g in ungated.items()) + f"; {head}"
       if all(g > CLOSE_BPB for g in ungated.values()):
         add("ungated", ours, REPRODUCED, f"all worse by > {CLOSE_BPB} bits/byte; {budget}")
       elif all(g > 0 for g in ungated.values()):

@@ -112,6 +112,12 @@ def mqar_claims(result: dict) -> list[dict]:
   runs = result.get("runs") or []
   base = (f"budget: <= {b.get('training_examples_max', 0):,} examples per point"
           + (f" ({100 * frac:.2g}% of Zoology's)" if frac else ""))
+  # The binomial SE takes a sequence's queries as independent; runs written before per-sequence
+  # scores were stored cannot be given the clustered one.
+  binomial = sum(r.get("se_kind", "binomial") == "binomial" for r in table)
+  if binomial:
+    base += (f"; SE binomial at {binomial} of {len(table)} points (per-sequence scores not "
+             "stored: the SE clustered by sequence needs a re-run)")
 
   def scope(judged) -> str:
     """The budget text with the grid's cuts among the points ``judged(mixer, short_conv)``
@@ -307,7 +313,10 @@ def mqar_claims(result: dict) -> list[dict]:
                 f"{same['default_accuracy']:.3f}, validation, n={v:,}")
       else:
         g = acc - d_acc
-        se = diff_se(binomial_se(acc, n), r.get("default_init_se", binomial_se(d_acc, n)))
+        # Each init's own SE where the table has it (between-seed or clustered), else binomial.
+        se = diff_se((r.get("init_se") or {}).get(key, binomial_se(acc, n)),
+                     r["default_init_se"] if r.get("default_init_se") is not None
+                     else binomial_se(d_acc, n))
         text = (f"{name} {acc:.3f}"
                 + (f" in {steps} steps" if steps and steps < (_default_steps(r) or steps) else "")
                 + f", default {d_acc:.3f}")

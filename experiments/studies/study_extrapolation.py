@@ -126,10 +126,23 @@ def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "extrapolation")
   p.add_argument("--mixers", help="comma-separated mixers (default: the size's)")
+  p.add_argument("--eval-len", type=int, default=None,
+                 help="bytes per evaluation window (default: the size's 16,384; KJV's "
+                      "validation split holds 12 such windows, 50 of 4,096)")
+  p.add_argument("--eval-windows", type=int, default=None,
+                 help="validation windows evaluated per model (default: the size's); more "
+                      "windows give the paired loss changes a smaller SE")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.mixers:
     size["mixers"] = tuple(args.mixers.split(","))
+  if args.eval_len is not None:
+    size["eval_len"] = args.eval_len
+  if args.eval_windows is not None:
+    if args.eval_windows < 2:
+      raise ValueError(f"--eval-windows must be >= 2 (a paired SE needs two), got "
+                       f"{args.eval_windows}.")
+    size["eval_windows"] = args.eval_windows
   size["steps"] = su.scaled_steps(size["steps"], args)
   from linear_attention import models
 

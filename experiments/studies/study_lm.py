@@ -19,6 +19,15 @@ fixed random-feature maps (Performer) are clearly worse.
 
     python experiments/studies/study_lm.py            # full size (about 40 minutes on 2 cores)
     python experiments/studies/study_lm.py --smoke    # tiny, for CI
+    python experiments/studies/study_lm.py --corpora kjv \
+        --mixers softmax,gla,mamba2,hawk,linear --softmax-conv --lrs 1e-3,3e-3 \
+        --seeds 0,1,2 --steps-scale 4       # round 4's re-run (issue 40): not run yet
+
+With ``--seeds`` and ``--lrs`` each (mixer, rate) trains once per seed; the table keeps, per
+(corpus, mixer), the rate with the lowest mean bits per byte over its seeds, with the
+between-seed standard error (``bpb_se``, None for one seed) and every seed's figure.
+``--softmax-conv`` adds softmax with the short convolution (width 4) that Mamba has built in,
+as the mixer ``softmax+conv``.
 
 Writes ``<out>/lm.json`` (runs, curves, table) and ``<out>/lm.csv`` (the
 table), and prints the table.
@@ -47,22 +56,81 @@ SMOKE = dict(mixers=("softmax", "gla"), corpora=("kjv",), d_model=32, num_layers
 VOCAB = 256  # bytes
 
 
+def mixer_label(overrides: dict) -> str:
+  """The mixer a run stands for: its ``model.mixer``, ``+conv`` with a short convolution."""
+  return overrides["model.mixer"] + ("+conv" if overrides.get("model.short_conv") else "")
+
+
+def seed_table(done: list[dict], default_lr: float) -> list[dict]:
+  """One row per (corpus, mixer) of the finished runs ``done``: the learning rate with the
+  lowest mean validation bits per byte over its seeds, that mean (``bits_per_byte``), its
+  between-seed standard error (``bpb_se``; None for one seed), the seeds and their figures,
+  and the median training tokens/s of the first seed."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in done:
+    o = r["overrides"]
+    groups.setdefault((o["data.corpus"], mixer_label(o), o.get("optim.lr", default_lr)),
+                      []).append(r)
+  best: dict[tuple, tuple] = {}
+  for (corpus, m, lr), runs in groups.items():
+    runs.sort(key=lambda r: su.seed_of(r["overrides"]))
+    mean, se = su.seed_mean_se([r["metrics"]["validation_bits_per_byte"] for r in runs])
+    if (corpus, m) not in best or mean < best[(corpus, m)][1]:
+      best[(corpus, m)] = (lr, mean, se, runs)
+  table = []
+  for (corpus, m), (lr, mean, se, runs) in best.items():
+    tps = [c["tokens_per_s"] for c in runs[0]["train_curve"] if c.get("tokens_per_s")]
+    table.append({"corpus": corpus, "mixer": m, "num_params": runs[0]["metrics"]["num_params"],
+                  "mlp_ratio": runs[0]["overrides"]["model.mlp_ratio"], "lr": lr,
+                  "bits_per_byte": mean, "bpb_se": se, "n_seeds": len(runs),
+                  "seeds": [su.seed_of(r["overrides"]) for r in runs],
+                  "seed_bits_per_byte": [r["metrics"]["validation_bits_per_byte"] for r in runs],
+                  "lr_bits_per_byte": {str(k[2]): su.seed_mean_se(
+                      [r["metrics"]["validation_bits_per_byte"] for r in g])[0]
+                      for k, g in groups.items() if k[:2] == (corpus, m)},
+                  "tokens_per_s": statistics.median(tps) if tps else None})
+  return table
+
+
 def main() -> int:
   t0 = time.time()
-  args = su.study_args(__doc__, "lm").parse_args()
+  p = su.study_args(__doc__, "lm")
+  su.add_seeds_flag(p)
+  p.add_argument("--mixers", help="comma-separated mixers (default: the size's)")
+  p.add_argument("--corpora", help="comma-separated corpora (default: the size's)")
+  p.add_argument("--lrs", help="comma-separated learning rates, each trained per mixer and "
+                 "seed; the table keeps the best mean (default: the size's one rate)")
+  p.add_argument("--softmax-conv", action="store_true",
+                 help="add softmax with a short convolution of width 4 (softmax+conv)")
+  args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   size["steps"] = su.scaled_steps(size["steps"], args)
+  if args.mixers:
+    size["mixers"] = tuple(args.mixers.split(","))
+    size["corpus_mixers"] = {}
+  if args.corpora:
+    size["corpora"] = tuple(args.corpora.split(","))
+  size["seeds"] = su.parse_seeds(args.seeds)
+  lrs = tuple(float(x) for x in args.lrs.split(",")) if args.lrs else None
   from linear_attention import models, nn
 
   size = dict(size, mixers=tuple(size["mixers"] or nn.CAUSAL_MIXERS))
   mixers = size["mixers"]
   points = []
   for corpus in size["corpora"]:
-    for m in size.get("corpus_mixers", {}).get(corpus) or mixers:
-      ratio = models.matched_mlp_ratio(VOCAB, size["d_model"], size["num_layers"], mixer=m,
+    chosen = list(size.get("corpus_mixers", {}).get(corpus) or mixers)
+    for m in chosen + (["softmax+conv"] if args.softmax_conv else []):
+      base = m.split("+")[0]
+      ratio = models.matched_mlp_ratio(VOCAB, size["d_model"], size["num_layers"], mixer=base,
                                        num_heads=size["num_heads"],
                                        reference_mlp_ratio=size["reference_mlp_ratio"])
-      points.append({"data.corpus": corpus, "model.mixer": m, "model.mlp_ratio": ratio})
+      point = {"data.corpus": corpus, "model.mixer": base, "model.mlp_ratio": ratio}
+      if m == "softmax+conv":
+        point["model.short_conv"] = 4
+      for lr in lrs or (None,):
+        for seed in size["seeds"]:
+          points.append({**point, **({"optim.lr": lr} if lr else {}),
+                         **su.seed_overrides(seed)})
   steps = size["steps"]
   flags = (f"--config.data.seq_len={size['seq_len']}", f"--config.data.batch_size={size['batch']}",
            f"--config.model.d_model={size['d_model']}",
@@ -72,16 +140,7 @@ def main() -> int:
   rows = su.train_grid("configs/text_lm.py:size=small", points, su.runs_dir(args, "lm"),
                        args.workers, flags)
 
-  table = []
-  for r in rows:
-    if r["status"] != "done":
-      continue
-    tps = [c["tokens_per_s"] for c in r["train_curve"] if c.get("tokens_per_s")]
-    table.append({"corpus": r["overrides"]["data.corpus"], "mixer": r["overrides"]["model.mixer"],
-                  "num_params": r["metrics"]["num_params"],
-                  "mlp_ratio": r["overrides"]["model.mlp_ratio"],
-                  "bits_per_byte": r["metrics"]["validation_bits_per_byte"],
-                  "tokens_per_s": statistics.median(tps) if tps else None})
+  table = seed_table([r for r in rows if r["status"] == "done"], size["lr"])
   for row in table:
     ref = next((x for x in table if x["corpus"] == row["corpus"] and x["mixer"] == "softmax"), None)
     if ref and ref["tokens_per_s"] and row["tokens_per_s"]:

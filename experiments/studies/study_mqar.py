@@ -144,30 +144,32 @@ def _same(a, b) -> bool:
 
 
 def points_of(size: dict) -> list[dict]:
-  """Every (learning rate, init, width, setting, recipe, mixer) as override dicts, in the
-  order they run: an interrupted study has whole (rate, width) grids over every mixer, the
-  smallest width and the first rate first. An init other than "default" adds points only
-  for the mixers it names."""
+  """Every (learning rate, seed, init, width, setting, recipe, mixer) as override dicts, in
+  the order they run: an interrupted study has whole (rate, width) grids over every mixer, the
+  smallest width, the first rate and the first seed first. An init other than "default" adds
+  points only for the mixers it names; seed 0 sets no override (the config's default)."""
   pts = []
   for lr in size["lrs"]:
-    for init in size.get("inits", ("default",)):
-      for d in size["widths"]:
-        for t, n in size["settings"]:
-          for conv, mixers in ((size["short_conv"], size["mixers"]),
-                               (0, size["no_conv_mixers"])):
-            for m in mixers:
-              if init != "default" and m not in INITS[init]:
-                continue
-              pts.append({"model.mixer": m, "model.short_conv": conv, "data.seq_len": t,
-                          "data.num_kv_pairs": n, "model.d_model": d, "optim.lr": lr,
-                          **init_overrides(m, init)})
+    for seed in size.get("seeds", (0,)):
+      for init in size.get("inits", ("default",)):
+        for d in size["widths"]:
+          for t, n in size["settings"]:
+            for conv, mixers in ((size["short_conv"], size["mixers"]),
+                                 (0, size["no_conv_mixers"])):
+              for m in mixers:
+                if init != "default" and m not in INITS[init]:
+                  continue
+                pts.append({"model.mixer": m, "model.short_conv": conv, "data.seq_len": t,
+                            "data.num_kv_pairs": n, "model.d_model": d, "optim.lr": lr,
+                            **init_overrides(m, init), **su.seed_overrides(seed)})
   return pts
 
 
 def setting_key(overrides: dict) -> tuple:
-  """A grid point without its learning rate: (mixer, short conv, T, width, init)."""
+  """A grid point without its learning rate: (mixer, short conv, T, width, init, seed)."""
   return tuple(overrides[k] for k in ("model.mixer", "model.short_conv", "data.seq_len",
-                                      "model.d_model")) + (init_of(overrides),)
+                                      "model.d_model")) + (init_of(overrides),
+                                                           su.seed_of(overrides))
 
 
 def later_lr_points(points: list[dict], first_rows: list[dict], threshold: float) -> list[dict]:
@@ -242,10 +244,47 @@ def same_step(run: dict, default: dict | None, queries: int | None = None) -> di
   return {**out, "queries": queries} if queries else out
 
 
+def _seed_groups(cands: list[dict]) -> dict[tuple[str, float], list[dict]]:
+  """``cands`` (the scored runs of one point) grouped by (init, learning rate): the seeds of
+  one configuration."""
+  out: dict[tuple[str, float], list[dict]] = {}
+  for r in cands:
+    out.setdefault((r.get("init", "default"), r["overrides"]["optim.lr"]), []).append(r)
+  for runs in out.values():
+    runs.sort(key=lambda r: su.seed_of(r["overrides"]))
+  return out
+
+
+def seed_summary(runs: list[dict]) -> dict:
+  """The test accuracy of one configuration over its seeds (``runs``): the mean, its standard
+  error and which kind it is: ``between-seed`` with 2 or more seeds, else ``clustered`` (by
+  sequence, when the run stored its per-sequence scores) or ``binomial`` (queries taken as
+  independent: it understates the error)."""
+  accs = [r["test_accuracy"] for r in runs]
+  mean, between = su.seed_mean_se(accs)
+  if between is not None:
+    se, kind = between, "between-seed"
+  elif runs[0].get("test_sequence_correct"):
+    se, kind = su.clustered_se(runs[0]["test_sequence_correct"],
+                               runs[0]["test_sequence_queries"])[1], "clustered"
+  else:
+    se, kind = runs[0]["test_se"], "binomial"
+  out = {"accuracy": mean, "se": se, "se_kind": kind, "seeds": [su.seed_of(r["overrides"])
+                                                                 for r in runs],
+         "seed_accuracies": accs}
+  if runs[0].get("test_sequence_correct"):
+    out["clustered_se"] = [su.clustered_se(r["test_sequence_correct"],
+                                           r["test_sequence_queries"])[1]
+                           if r.get("test_sequence_correct") else None for r in runs]
+  return out
+
+
 def best_table(rows: list[dict], size: dict) -> list[dict]:
-  """One row per (mixer, recipe, setting, width): the best test accuracy over learning rates
-  and decay inits (Zoology tunes the rate per point; the Mamba family's init is tuned the same
-  way), with the default init's best beside it and every (init, rate) accuracy."""
+  """One row per (mixer, recipe, setting, width): the best mean test accuracy over learning
+  rates and decay inits (Zoology tunes the rate per point; the Mamba family's init is tuned the
+  same way), each (init, rate) averaged over its seeds (:func:`seed_summary`: ``se`` is the
+  between-seed standard error with 2 or more seeds), with the default init's best beside it
+  and every (init, rate) mean accuracy."""
   scored = [r for r in rows if "test_accuracy" in r]
   order = list(MIXERS) + sorted({r["overrides"]["model.mixer"] for r in scored} - set(MIXERS))
   keys = sorted({(r["overrides"]["model.mixer"], r["overrides"]["model.short_conv"],
@@ -257,36 +296,63 @@ def best_table(rows: list[dict], size: dict) -> list[dict]:
     cands = [r for r in scored if (r["overrides"]["model.mixer"], r["overrides"]["model.short_conv"],
                                    r["overrides"]["data.seq_len"], r["overrides"]["model.d_model"])
              == (m, conv, t, d)]
-    best = max(cands, key=lambda r: r["test_accuracy"])
-    default = [r for r in cands if r.get("init", "default") == "default"]
-    best_default = max(default, key=lambda r: r["test_accuracy"]) if default else None
+    groups = {k: (runs, seed_summary(runs)) for k, runs in _seed_groups(cands).items()}
+    best_key = max(groups, key=lambda k: groups[k][1]["accuracy"])
+    best_runs, best_sum = groups[best_key]
+    best = best_runs[0]  # the first seed: its run folder, state size and curves
+    default = {k: g for k, g in groups.items() if k[0] == "default"}
+    d_key = max(default, key=lambda k: default[k][1]["accuracy"]) if default else None
+    best_default = default[d_key][0][0] if d_key else None
+    key_text = lambda k: f"{k[0]}@{k[1]:g}"  # noqa: E731
     table.append({
         "mixer": m, "short_conv": conv, "seq_len": t,
         "num_kv_pairs": best["overrides"]["data.num_kv_pairs"], "d_model": d,
-        "best_lr": best["overrides"]["optim.lr"], "best_init": best.get("init", "default"),
-        "accuracy": best["test_accuracy"], "se": best["test_se"],
+        "best_lr": best_key[1], "best_init": best_key[0],
+        **best_sum, "n_seeds": len(best_runs),
         "test_queries": best["test_queries"], "state_floats": best["state_floats"],
         "steps_run": best["steps_run"], "num_params": best["metrics"]["num_params"],
-        "default_init_accuracy": best_default["test_accuracy"] if best_default else None,
-        "default_init_se": best_default["test_se"] if best_default else None,
-        "lr_accuracies": {str(c["overrides"]["optim.lr"]): c["test_accuracy"]
-                          for c in default} if default else {},
-        "init_accuracies": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
-                            c["test_accuracy"] for c in cands},
+        "default_init_accuracy": default[d_key][1]["accuracy"] if d_key else None,
+        "default_init_se": default[d_key][1]["se"] if d_key else None,
+        "default_init_seeds": len(default[d_key][0]) if d_key else None,
+        "lr_accuracies": {str(k[1]): g[1]["accuracy"] for k, g in default.items()},
+        "init_accuracies": {key_text(k): g[1]["accuracy"] for k, g in groups.items()},
+        "init_seed_accuracies": {key_text(k): g[1]["seed_accuracies"] for k, g in groups.items()},
+        "init_se": {key_text(k): g[1]["se"] for k, g in groups.items()},
         # The training budget of each (init, rate): a later init sweep may train fewer steps.
-        "init_steps": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
-                       c.get("steps_max") for c in cands},
+        "init_steps": {key_text(k): g[0][0].get("steps_max") for k, g in groups.items()},
         # Runs scored at a checkpoint before their budget's end (stopped at the deadline).
         "stopped_at": best.get("stopped_at"),
-        "init_stopped_at": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
-                            c["stopped_at"] for c in cands if c.get("stopped_at")},
+        "init_stopped_at": {key_text(k): g[0][0]["stopped_at"] for k, g in groups.items()
+                            if g[0][0].get("stopped_at")},
         # Each other init against the default init's best rate at the same training step
-        # (validation accuracy): the equal-budget comparison.
-        "same_step": {f"{c.get('init', 'default')}@{c['overrides']['optim.lr']:g}":
-                      same_step(c, best_default, size["eval_batches"] * size["batch"]
-                                * best["overrides"]["data.num_kv_pairs"]) for c in cands
-                      if c.get("init", "default") != "default"}})
+        # (validation accuracy, first seed of each): the equal-budget comparison.
+        "same_step": {key_text(k): same_step(g[0][0], best_default, size["eval_batches"]
+                                             * size["batch"]
+                                             * best["overrides"]["data.num_kv_pairs"])
+                      for k, g in groups.items() if k[0] != "default"}})
   return table
+
+
+def sequence_scores(workdir: str, batch_size: int, num_batches: int) -> tuple[list, list]:
+  """Queries right and queries scored per test sequence of a trained run (the clusters of
+  :func:`_study_utils.clustered_se`): ``(correct, counts)``, one entry per sequence."""
+  import numpy as np
+  from flax import nnx
+  from linear_attention import data
+  from linear_attention.train import results
+
+  model, config, _ = results.load_model(workdir)
+  dcfg = config.data.to_dict()
+  dcfg["batch_size"] = batch_size
+  ds = data.make_dataset(dcfg)
+  forward = nnx.jit(lambda mdl, x: mdl(x))
+  correct, counts = [], []
+  for b in ds.eval_batches(split="test", num_batches=num_batches):
+    pred = np.asarray(forward(model, b["inputs"])).argmax(-1)
+    mask = np.asarray(b["mask"]) > 0
+    correct += ((pred == np.asarray(b["targets"])) & mask).sum(1).astype(int).tolist()
+    counts += mask.sum(1).astype(int).tolist()
+  return correct, counts
 
 
 def main() -> int:
@@ -301,6 +367,10 @@ def main() -> int:
   p.add_argument("--inits", help="comma-separated decay inits among "
                  f"{', '.join(INITS)} (default: default); an init other than default adds "
                  "points only for the mixers it names")
+  su.add_seeds_flag(p)
+  p.add_argument("--early-stop", type=float, default=None,
+                 help="validation accuracy that ends a run early (default: the size's 0.99; "
+                      "above 1 trains every run for its whole budget: equal steps for all)")
   p.add_argument("--merge", action="store_true",
                  help="keep the runs of the existing <out>/mqar.json and add (or replace) "
                       "this invocation's points: a subset grid completes the full table")
@@ -329,6 +399,9 @@ def main() -> int:
     if unknown:
       raise ValueError(f"--inits must be among {', '.join(INITS)}; got {unknown}.")
   size["steps"] = su.scaled_steps(size["steps"], args)
+  size["seeds"] = su.parse_seeds(args.seeds)
+  if args.early_stop is not None:
+    size["early_stop"] = args.early_stop
   points = points_of(size)
   steps = size["steps"]
   flags = (f"--config.data.vocab_size={size['vocab']}", "--config.data.random_non_queries=False",
@@ -366,7 +439,10 @@ def main() -> int:
       model, _, step = results.load_model(r["workdir"])
       r["metrics"] = {"step": step, "num_params": models.count_params(model)}
       r["stopped_at"] = step
+    correct, counts = sequence_scores(r["workdir"], size["eval_batch_size"], num_batches)
     r.update(test_accuracy=res["accuracy"], test_queries=queries,
+             test_sequence_correct=correct, test_sequence_queries=counts,
+             seed=su.seed_of(o),
              test_se=su.binomial_se(res["accuracy"], queries), test_loss=res["loss"],
              state_floats=state_floats(r["workdir"], t),
              steps_run=r["metrics"]["step"], stopped_early=r["metrics"].get("stopped_early"),
@@ -374,6 +450,7 @@ def main() -> int:
 
   for r in rows:
     r["init"] = init_of(r["overrides"])
+    r["seed"] = su.seed_of(r["overrides"])
   if previous:
     rows = merge_runs(previous.get("runs", []), rows,
                       previous.get("budget", {}).get("steps_max"))
