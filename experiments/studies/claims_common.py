@@ -108,6 +108,7 @@ def _explain_missing_results(results: pathlib.Path) -> None:
   ip.set_custom_exc((FileNotFoundError,), handler)
 
 COLUMNS = ("study", "claim", "source", "published", "ours", "verdict", "reason")
+SMOKE_MARK = "smoke-size results (no evidence); "  # first in a smoke-size row's reason
 REPRODUCED, IN_SHAPE, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED = (
     "reproduced", "reproduced in shape", "not reproduced", "inconclusive", "not measured")
 VERDICTS = (REPRODUCED, IN_SHAPE, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED)
@@ -227,9 +228,10 @@ def apply_rules(rows: list[dict], study: str, result: dict | None,
     row["required_seeds"] = need = rule["required_seeds"]
     if row["verdict"] != NOT_MEASURED and row["seeds"] < need:
       why = f" ({rule['why_seeds']})" if rule.get("why_seeds") else ""
-      row["reason"] = (f"{row['seeds']} seed{'s' * (row['seeds'] != 1)} of the {need} its rule "
-                       f"requires{why}; by the numbers alone: {row['verdict']}; "
-                       + row["reason"])
+      lead = (f"{row['seeds']} seed{'s' * (row['seeds'] != 1)} of the {need} its rule "
+              f"requires{why}; by the numbers alone: {row['verdict']}; ")
+      smoke = SMOKE_MARK if row["reason"].startswith(SMOKE_MARK) else ""
+      row["reason"] = smoke + lead + row["reason"][len(smoke):]  # the smoke mark stays first
       row["verdict"] = INCONCLUSIVE
     if rule.get("note"):
       row["reason"] += "; " + rule["note"]
@@ -296,5 +298,5 @@ def _finish(rows: list[dict], result: dict, runs: list[dict] = ()) -> list[dict]
       r["reason"] = f"partial results: {n} of {len(runs)} runs unfinished ({why}); " + r["reason"]
   if _smoke(result):
     for r in rows:
-      r["reason"] = "smoke-size results (no evidence); " + r["reason"]
+      r["reason"] = SMOKE_MARK + r["reason"]
   return rows
