@@ -316,16 +316,23 @@ def _part_b(mixer: str, lengths: list[int], seqs: list[int], args) -> tuple[list
 # The hybrid of the memory table: Gated DeltaNet with one softmax layer in four.
 MODEL_SHAPES = {"1B": dict(d_model=2048, num_layers=20, num_heads=16),
                 "8B": dict(d_model=4096, num_layers=40, num_heads=32)}
+# An imported checkpoint's shape: state-spaces/mamba2-2.7b as transformers' config.json
+# describes it (2.7B parameters, 64 Mamba-2 layers, no MLP, tied embeddings).
+IMPORTED_SHAPES = {"mamba2-2.7b": dict(hf_config=dict(
+    model_type="mamba2", hidden_size=2560, num_hidden_layers=64, num_heads=80, head_dim=64,
+    state_size=128, n_groups=1, conv_kernel=4, expand=2, vocab_size=50288,
+    tie_word_embeddings=True, layer_norm_epsilon=1e-5, rms_norm=True, use_bias=False,
+    use_conv_bias=True, hidden_act="silu", chunk_size=256, residual_in_fp32=True))}
 DEVICE_BUDGETS_GB = {"gpu_80gb": 80.0, "tpu_v5e_16gb": 16.0}
 GB = 1e9
 
 
 def abstract_step(shape: dict, devices: int, seq_len: int, remat: str, *, scan: bool = True,
                   vocab: int = 32768, pattern: str = "DDDA", mixer: str | None = None,
-                  fsdp: bool = True):
-  """The trainer's train step compiled for ``devices`` data-parallel devices (FSDP) with one
-  sequence of ``seq_len`` tokens per device, from abstract shapes only (``nnx.eval_shape``:
-  no parameter is allocated).
+                  fsdp: bool = True, rows_per_device: int = 1):
+  """The trainer's train step compiled for ``devices`` data-parallel devices (FSDP) with
+  ``rows_per_device`` sequences of ``seq_len`` tokens per device, from abstract shapes only
+  (``nnx.eval_shape``: no parameter is allocated).
 
   Returns:
     ``(compiled, num_params, compile_s, compile_cpu_s)`` (wall and CPU seconds).
@@ -335,10 +342,15 @@ def abstract_step(shape: dict, devices: int, seq_len: int, remat: str, *, scan: 
               b2=0.95, eps=1e-8, clip_norm=1.0)
 
   def build():
-    model = models.LanguageModel(vocab, shape["d_model"], shape["num_layers"],
-                                 mixer=mixer, pattern=None if mixer else pattern,
-                                 num_heads=shape["num_heads"], rngs=nnx.Rngs(0), remat=remat,
-                                 scan_layers=scan)
+    if "hf_config" in shape:  # an imported checkpoint's model, from its config.json alone
+      from linear_attention.hub import loader
+      model = loader.family_of(shape["hf_config"]).build(shape["hf_config"], rngs=nnx.Rngs(0))
+      model.backbone.set_layout(remat=remat, scan_layers=scan)
+    else:
+      model = models.LanguageModel(vocab, shape["d_model"], shape["num_layers"],
+                                   mixer=mixer, pattern=None if mixer else pattern,
+                                   num_heads=shape["num_heads"], rngs=nnx.Rngs(0),
+                                   remat=remat, scan_layers=scan)
     return model, optim.make_optimizer(model, ocfg, total_steps=100)
 
   graphdef, state = nnx.split(nnx.eval_shape(build))
@@ -348,14 +360,15 @@ def abstract_step(shape: dict, devices: int, seq_len: int, remat: str, *, scan: 
   abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                           state, state_sh)
   batch_sh = sharding.batch_sharding(mesh)
-  rows = devices
+  rows = devices * rows_per_device
   batch = {"inputs": jax.ShapeDtypeStruct((rows, seq_len), np.int32, sharding=batch_sh),
            "targets": jax.ShapeDtypeStruct((rows, seq_len), np.int32, sharding=batch_sh),
            "mask": jax.ShapeDtypeStruct((rows, seq_len), np.float32, sharding=batch_sh)}
   repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   train_fn, _ = trainer.make_steps(graphdef, "lm", state_sh, batch_sh, repl)
   t0, c0 = time.perf_counter(), time.process_time()
-  compiled = train_fn.lower(abstract, batch).compile()
+  with sharding.mesh_context(mesh):  # the model reads the mesh at trace time, as in the trainer
+    compiled = train_fn.lower(abstract, batch).compile()
   # CPU seconds too: steadier than wall-clock ones on a shared host.
   return compiled, int(num_params), time.perf_counter() - t0, time.process_time() - c0
 
@@ -391,8 +404,10 @@ def main_model(argv=None) -> dict:
                    "per device, from abstract shapes; peak = temp + arguments + outputs - "
                    "alias (the donated state counted once). XLA on CPU plans it; a GPU or "
                    "TPU compiler fuses and schedules differently, so it is an estimate.",
-         "model": {k: {**v, "pattern": "DDDA", "vocab": 32768, "mlp_ratio": 8 / 3,
-                       "scan_layers": True} for k, v in MODEL_SHAPES.items()},
+         "model": {**{k: {**v, "pattern": "DDDA", "vocab": 32768, "mlp_ratio": 8 / 3,
+                          "scan_layers": True} for k, v in MODEL_SHAPES.items()},
+                   **{k: {**v["hf_config"], "scan_layers": True}
+                      for k, v in IMPORTED_SHAPES.items()}},
          "batch": "one sequence per device (global batch = devices), float32",
          "budgets_gb": DEVICE_BUDGETS_GB,
          "device": f"{jax.device_count()} fake CPU devices on {os.cpu_count()} cores, "
@@ -416,7 +431,8 @@ def main_model(argv=None) -> dict:
       out["rows"] = [r for r in json.load(f)["rows"] if key(r) not in
                      {(c[0], c[1], c[2], c[3]) for c in cases}]
   for size, n, t, remat in cases:
-    compiled, num_params, compile_s, _ = abstract_step(MODEL_SHAPES[size], n, t, remat)
+    compiled, num_params, compile_s, _ = abstract_step({**MODEL_SHAPES, **IMPORTED_SHAPES}[size],
+                                                       n, t, remat)
     mem = memory_row(compiled)
     del compiled
     row = {"size": size, "devices": n, "seq_len": t, "remat": remat,

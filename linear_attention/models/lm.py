@@ -159,6 +159,29 @@ class Backbone(nnx.Module):
                                   param_dtype=param_dtype, rngs=rngs)
     self._stack_if_scanned()
 
+  def set_layout(self, *, remat: str, scan_layers: bool) -> None:
+    """Sets ``remat`` and stores the blocks stacked (``scan_layers``, when they repeat) or one
+    module per block, e.g. for an imported checkpoint built layer by layer, or to save a
+    trained stacked model layer by layer; the values it computes are unchanged.
+
+    Example:
+      >>> from flax import nnx
+      >>> bb = Backbone(32, 8, 4, mixer="gla", num_heads=2, rngs=nnx.Rngs(0))
+      >>> bb.set_layout(remat="block", scan_layers=True)
+      >>> type(bb.blocks).__name__, len(bb.blocks)
+      ('StackedBlocks', 4)
+      >>> bb.set_layout(remat="none", scan_layers=False)
+      >>> type(bb.blocks).__name__
+      'List'
+    """
+    stack.check_remat(remat)
+    self.remat, self.scan_layers = remat, bool(scan_layers)
+    stacked = isinstance(self.blocks, stack.StackedBlocks)
+    if self.scan_layers and not stacked:
+      self._stack_if_scanned()
+    elif stacked and not self.scan_layers:
+      self.blocks = nnx.List(list(self.blocks))
+
   def _stack_if_scanned(self):
     # Built layer by layer first, so the scanned model's parameters are the unscanned
     # model's (same keys, same order) stacked.

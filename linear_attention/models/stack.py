@@ -35,6 +35,8 @@ from typing import Callable, Sequence
 import jax
 from flax import nnx
 
+from linear_attention.nn import context_parallel
+
 REMAT_MODES = ("none", "block", "mixer_only")
 # The policies of ``jax.checkpoint_policies`` that are policies themselves (the others are
 # factories that need names or offload targets).
@@ -164,10 +166,12 @@ class StackedBlocks(nnx.Module):
 
     def step(x, unit_states):
       for gd, st in zip(graphdefs, unit_states):
-        x = _call_block(nnx.merge(gd, st), x, segment_ids, remat)
+        x = context_parallel.constrain_rows(_call_block(nnx.merge(gd, st), x, segment_ids,
+                                                        remat))
       return x, None
 
-    x, _ = jax.lax.scan(step, x, tuple(nnx.state(u) for u in units))
+    x, _ = jax.lax.scan(step, context_parallel.constrain_rows(x),
+                        tuple(nnx.state(u) for u in units))
     return x
 
 

@@ -66,6 +66,30 @@ def seq_mesh() -> AbstractMesh | None:
   return mesh
 
 
+def constrain_rows(x: jax.Array) -> jax.Array:
+  """``x [B, T, ...]`` kept split as the batch is: rows over the active mesh's axes other than
+  ``"seq"``, the sequence over ``"seq"`` (when it is sharded); unchanged without a mesh.
+
+  Inside a ``lax.scan`` over layers whose stacked parameters are sharded over features
+  (FSDP), XLA's partitioner may otherwise pick a carry sharding that replicates the rows:
+  every device then computes the whole global batch.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> constrain_rows(jnp.ones((2, 4, 8))).shape   # no mesh: x itself
+    (2, 4, 8)
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or x.ndim < 2:
+    return x
+  rows = tuple(a for a in mesh.axis_names if a != SEQ and mesh.shape[a] > 1)
+  seq = SEQ if seq_mesh() is not None else None
+  if not rows and seq is None:
+    return x
+  spec = jax.sharding.PartitionSpec(rows or None, seq, *([None] * (x.ndim - 2)))
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
 def seq_size() -> int:
   """Devices on the active ``"seq"`` axis (1 when the sequence is not sharded)."""
   mesh = seq_mesh()

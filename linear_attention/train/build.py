@@ -78,8 +78,7 @@ def create_model(mcfg: Mapping[str, Any], vocab_size: int, kind: str,
 MODEL_FROM_CHECKPOINT = dict(mixer="", pattern="", d_model=0, num_layers=0, num_heads=0,
                              mlp_ratio=0.0, short_conv=0)
 # Fields the imported model does not take: they must keep their default.
-MODEL_DEFAULTS_WITH_CHECKPOINT = dict(dtype="float32", param_dtype="float32", remat="none",
-                                      scan_layers=False)
+MODEL_DEFAULTS_WITH_CHECKPOINT = dict(dtype="float32", param_dtype="float32")
 
 
 def init_from(config: Mapping[str, Any]) -> str:
@@ -124,7 +123,7 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.init_from={src!r} builds the model from the checkpoint's "
                      f"config.json, but {', '.join(given)} set(s) the model too (expected: "
                      f"{', '.join(f'{k}={v!r}' for k, v in MODEL_FROM_CHECKPOINT.items())}; "
-                     "dtype float32, remat none); use --config=configs/finetune.py, whose "
+                     "dtype float32); use --config=configs/finetune.py, whose "
                      "model fields are unset, or drop config.init_from.")
   from linear_attention.hub import checkpoint, loader
   loader.family_of(checkpoint.read_config(checkpoint.check_directory(os.path.expanduser(src))))
@@ -161,8 +160,12 @@ def load_init_model(config: ml_collections.ConfigDict, ds, abstract: bool = Fals
     model = loader.family_of(hf_config).build(hf_config, rngs=nnx.Rngs(0), dtype=jnp.float32,
                                               param_dtype=jnp.float32)
     model.hub_config = json.dumps(hf_config, sort_keys=True)
-    return model
-  return hub.from_pretrained(src, dtype="float32")
+  else:
+    model = hub.from_pretrained(src, dtype="float32")
+  # Built layer by layer as the checkpoint names them; stacked here when scan_layers asks.
+  model.backbone.set_layout(remat=config.model.get("remat", "none"),
+                            scan_layers=bool(config.model.get("scan_layers", False)))
+  return model
 
 
 def _model_and_optimizer(config: ml_collections.ConfigDict, ds, build: bool = True):

@@ -62,17 +62,18 @@ def seq_size(mesh: jax.sharding.Mesh) -> int:
 
 
 def mesh_context(mesh: jax.sharding.Mesh):
-  """``jax.set_mesh(mesh)`` when the sequence is sharded, else a no-op context.
+  """``jax.set_mesh(mesh)`` when the mesh has more than one device, else a no-op context.
 
-  The model's layers read the mesh at trace time, so every jitted step must be traced
-  (called) inside it; see :func:`under_mesh`.
+  The model reads the mesh at trace time (the layers' ``context=`` when the sequence is
+  sharded, the rows' sharding of the activations between blocks), so every jitted step must
+  be traced (called) inside it; see :func:`under_mesh`.
   """
-  return jax.set_mesh(mesh) if seq_size(mesh) > 1 else contextlib.nullcontext()
+  return jax.set_mesh(mesh) if mesh.size > 1 else contextlib.nullcontext()
 
 
 def under_mesh(fn, mesh: jax.sharding.Mesh):
   """``fn`` called inside :func:`mesh_context` (for the jitted train and eval steps)."""
-  if seq_size(mesh) == 1:
+  if mesh.size == 1:
     return fn
 
   @functools.wraps(fn)

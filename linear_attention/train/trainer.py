@@ -566,6 +566,7 @@ class _Run:
     dest = os.path.abspath(os.path.expanduser(self.config.get("save_hf") or
                                               os.path.join(self.workdir, "hf")))
     model, _ = nnx.merge(self.graphdef, self.state)
+    model.backbone.set_layout(remat="none", scan_layers=False)  # the checkpoint's layer names
     hub.save_pretrained(model, dest)
     src = os.path.expanduser(init_from(self.config))
     for name in HF_SIDE_FILES:

@@ -237,3 +237,18 @@ def test_finetune_under_fsdp_and_a_sharded_sequence_matches_one_device(tmp_path)
   validation loss of one device."""
   from tests.helpers import run_on_fake_devices
   run_on_fake_devices(MESH_SCRIPT, "INIT_FROM MESH OK", devices=2, workdir=tmp_path)
+
+
+def test_finetune_with_remat_and_stacked_layers_matches_the_plain_one(tuned, tmp_path):
+  """``model.remat=block`` and ``model.scan_layers`` on an imported checkpoint: the blocks
+  are stacked after loading and saved back layer by layer, with the plain run's numbers."""
+  ckpt, text, wd, final = tuned
+  run = tmp_path / "stacked"
+  got = train.train_and_evaluate(finetune_config(ckpt, text, remat="block", scan_layers=True),
+                                 str(run), verbose=False)
+  np.testing.assert_allclose(got["validation_loss"], final["validation_loss"], rtol=1e-5)
+  plain, stacked = load_file(wd / "hf" / "model.safetensors"), load_file(
+      run / "hf" / "model.safetensors")
+  assert set(plain) == set(stacked)
+  for k in plain:
+    np.testing.assert_allclose(stacked[k], plain[k], rtol=1e-4, atol=1e-6, err_msg=k)

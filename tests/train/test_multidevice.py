@@ -60,3 +60,26 @@ SCRIPT = textwrap.dedent("""
 
 def test_dp_and_fsdp_match_single_device(tmp_path):
   run_on_fake_devices(SCRIPT, "MULTIDEVICE OK", workdir=tmp_path, timeout=480)
+
+
+ROWS_SCRIPT = textwrap.dedent("""
+    import jax
+    from experiments.bench import bench_scale
+    from linear_attention.nn import context_parallel
+    # A hybrid of 8 layers runs as a scan over 2 repeats of "DDDA", its stacked parameters
+    # FSDP-sharded over features; one sequence per device on 2 and on 16 devices.
+    shape = dict(d_model=128, num_layers=8, num_heads=2)
+    def temp(devices):
+      compiled = bench_scale.abstract_step(shape, devices, 256, "block", vocab=512)[0]
+      return compiled.memory_analysis().temp_size_in_bytes
+    two, sixteen = temp(2), temp(16)
+    # Without the rows' constraint in the scan (context_parallel.constrain_rows) XLA
+    # replicated the rows of the carry: 16 devices planned about 4x the temporaries of 2.
+    assert sixteen <= 1.25 * two, (two, sixteen)
+    print("ROWS OK", two, sixteen)
+""")
+
+
+def test_activations_stay_split_over_rows_in_a_scan_over_fsdp_layers():
+  """Per-device temporaries at 16 devices (one sequence each) are those at 2, not larger."""
+  run_on_fake_devices(ROWS_SCRIPT, "ROWS OK", devices=16, fast_compile=True, timeout=300)
