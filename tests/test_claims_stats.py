@@ -9,6 +9,7 @@ sequences as the independent unit) gives another number or flips a verdict.
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import pytest
@@ -18,6 +19,7 @@ from tests import helpers
 claims = helpers.load_experiment("claims")
 su = helpers.load_experiment("_study_utils")
 mqar = helpers.load_experiment("study_mqar")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_diff_se_is_the_root_sum_of_squares():
@@ -172,3 +174,24 @@ def test_results_older_than_the_rule_files_are_marked_a_regrade():
   assert "rule file written after these results" in claims.apply_rules(
       [row()], "mqar", old, rules)[0]["reason"]
   assert "rule file written after" not in claims.apply_rules([row()], "mqar", new, rules)[0]["reason"]
+
+
+def test_the_decay_init_claim_reads_its_rerun_when_there_is_one():
+  """C16 is judged on ``mqar_c16`` (the re-run with seeds) when that file exists: its one point,
+  its seeds, and the difference of its table row, computed here by hand."""
+  results = os.path.join(ROOT, "results", "studies")
+  main = claims.load(results, "mqar")
+  rerun = main.pop("init_rerun")
+  init = claims.MQAR_CLAIMS["init"][0]
+  sweep_row = next(r for r in claims.study_claims("mqar", main) if r["claim"] == init)
+  assert "hawk" in sweep_row["ours"]  # without the re-run: the sweep's 12 points
+  row = next(r for r in claims.study_claims("mqar", dict(main, init_rerun=rerun))
+             if r["claim"] == init)
+  t = rerun["table"][0]
+  other = max((k for k in t["init_accuracies"] if not k.startswith("default@")),
+              key=t["init_accuracies"].get)
+  gap = t["init_accuracies"][other] - t["default_init_accuracy"]
+  se = (t["init_se"][other] ** 2 + t["default_init_se"] ** 2) ** 0.5
+  assert f"mamba2 T=64, d=64 {gap:+.3f} ± {se:.3f}" in row["ours"]
+  assert "hawk" not in row["ours"] and "re-run (results/studies/mqar_c16" in row["reason"]
+  assert row["seeds"] == min(r["n_seeds"] for r in rerun["table"])

@@ -35,8 +35,8 @@ from claims_common import (  # noqa: E402,F401
     STUDIES, VERDICTS, SchemaError, _row, _smoke, apply_rules, binomial_se, diff_se,
     load_rules, missing_results_message, result_seeds, results_dir, significant, spearman,
     underpowered)
-from claims_mqar import MQAR_CLAIMS, mqar_claims  # noqa: E402
-from claims_synthetic import COMPANIONS, SYN_CLAIMS, synthetic_claims  # noqa: E402
+from claims_mqar import COMPANIONS as MQAR_COMPANIONS, MQAR_CLAIMS, mqar_claims  # noqa: E402
+from claims_synthetic import COMPANIONS as SYN_COMPANIONS, SYN_CLAIMS, synthetic_claims  # noqa: E402
 from claims_lm import LM_CLAIMS, lm_claims  # noqa: E402
 from claims_listops import LISTOPS_CLAIMS, listops_claims  # noqa: E402
 from claims_cost import COST_CLAIMS, cost_claims  # noqa: E402
@@ -45,6 +45,7 @@ from claims_extrapolation import EXTRAP_CLAIMS, extrapolation_claims  # noqa: E4
 from claims_hybrid import HYBRID_CLAIMS, hybrid_claims  # noqa: E402
 
 
+COMPANIONS = {**SYN_COMPANIONS, **MQAR_COMPANIONS}
 CLAIM_FUNCTIONS = {"cost": cost_claims, "approximation": approximation_claims,
                    "mqar": mqar_claims, "synthetic": synthetic_claims, "lm": lm_claims,
                    "listops": listops_claims, "extrapolation": extrapolation_claims,

@@ -329,7 +329,9 @@ CASES = {c.name: c for c in all_cases()}
 #   gpu_check ones) on H200, A100 (the least shared memory) and v5e, and at 80 (a padded
 #   head) on H200.
 # * The mixers at the families' K 128, V 256 (:data:`MIXER_SHAPES`: Gated DeltaNet and the
-#   DPLR engine), bf16 on all four targets. Not float32: on H200 its tiles spill more
+#   DPLR engine), bf16 on H200, A100 and v5e (v6e compiles the same kernel bodies at the
+#   small shape; each of these Mosaic compiles costs 45-80 CPU-s, CI's stage grew past
+#   its budget). Not float32: on H200 its tiles spill more
 #   there than ACCEPTED_SPILLS allows at the gpu_check shape (chunk_dplr_fwd 2416 B).
 #   With grouped value heads (q, k with half the heads: the kernels index q/k head h // G),
 #   bf16 on H200 and v5e, one GPU and one TPU lowering of those index maps.
@@ -344,7 +346,7 @@ CI_GROUPS = {
     "a100": ("bf16/gpu_check",) + _HEADS_BF16 + _HEADS_F32 + _MIXERS_BF16,
     "v5e": ("bf16/small", "f32/small", "bf16/odd") + _HEADS_BF16 + _HEADS_F32 + _MIXERS_BF16
     + _GROUPED_BF16,
-    "v6e": ("bf16/small",) + _HEADS_BF16 + _MIXERS_BF16,
+    "v6e": ("bf16/small",) + _HEADS_BF16,
 }
 
 

@@ -73,9 +73,10 @@ def test_unknown_target():
     aot.ci_cases("h100")
 
 
-@pytest.mark.parametrize("target", ["h200", "a100", "v5e", "v6e"])
+@pytest.mark.parametrize("target", ["h200", "a100", "v5e"])
 def test_mixers_at_the_family_state_shapes_on_every_target(target):
-  """The delta and DPLR kernels at K 128, V 256 (aot.MIXER_SHAPES), bf16, everywhere."""
+  """The delta and DPLR kernels at K 128, V 256 (aot.MIXER_SHAPES), bf16, on both GPUs and
+  v5e (v6e compiles the same Mosaic kernel bodies at the small shape only)."""
   chosen = set(aot.ci_cases(target))
   for shape in aot.MIXER_SHAPES:
     if "hk" in aot.MIXER_SHAPES[shape] and target not in ("h200", "v5e"):
