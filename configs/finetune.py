@@ -8,7 +8,7 @@ are left unset here and refused when given; the text (``data.corpus``, or a file
 (``--config.data.tokenizer=...`` names another). At the end the trained model is written as
 a transformers checkpoint to ``<workdir>/hf`` (or ``--config.save_hf=DIR``), with the
 tokenizer copied beside it. Mesh options (``mesh.data``, ``mesh.fsdp``, ``mesh.seq``),
-checkpoints and resuming work as for every config. Arguments:
+``model.remat``, ``model.scan_layers``, checkpoints and resuming work as for every config. Arguments:
   corpus  ``kjv`` or ``python_stdlib`` (replaced by ``data.text_file`` when that is set);
   size    ``smoke`` (a few steps, to try the pipeline) or ``small``.
 """
