@@ -3,7 +3,7 @@
 Each study's claims, the rules that judge them and their reasons sit in its own module
 beside this one (``claims_mqar.py``, ``claims_synthetic.py``, ``claims_lm.py``,
 ``claims_listops.py``, ``claims_cost.py``, ``claims_approximation.py``,
-``claims_extrapolation.py``, ``claims_hybrid.py``); what they share (the row, the
+``claims_extrapolation.py``, ``claims_hybrid.py``, ``claims_frontier.py``); what they share (the row, the
 verdicts, the statistics and thresholds) in ``claims_common.py``. This module gathers
 them into one table and is the one the notebooks and tests import (every name of those
 modules is reachable here).
@@ -33,8 +33,8 @@ import claims_synthetic  # noqa: E402,F401  (its probe rows, for the tests)
 from claims_common import (  # noqa: E402,F401
     COLUMNS, DEFAULT_RESULTS, IN_SHAPE, INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED,
     STUDIES, VERDICTS, SchemaError, _row, _smoke, apply_rules, binomial_se, diff_se,
-    load_rules, missing_results_message, result_seeds, results_dir, significant, spearman,
-    underpowered)
+    load_rules, missing_results_message, result_file, result_seeds, results_dir, significant,
+    spearman, underpowered)
 from claims_mqar import COMPANIONS as MQAR_COMPANIONS, MQAR_CLAIMS, mqar_claims  # noqa: E402
 from claims_synthetic import COMPANIONS as SYN_COMPANIONS, SYN_CLAIMS, synthetic_claims  # noqa: E402
 from claims_lm import LM_CLAIMS, lm_claims  # noqa: E402
@@ -43,16 +43,18 @@ from claims_cost import COST_CLAIMS, cost_claims  # noqa: E402
 from claims_approximation import APPROX_CLAIMS, approximation_claims  # noqa: E402
 from claims_extrapolation import EXTRAP_CLAIMS, extrapolation_claims  # noqa: E402
 from claims_hybrid import HYBRID_CLAIMS, hybrid_claims  # noqa: E402
+from claims_frontier import FRONTIER_CLAIMS, frontier_claims  # noqa: E402
 
 
 COMPANIONS = {**SYN_COMPANIONS, **MQAR_COMPANIONS}
 CLAIM_FUNCTIONS = {"cost": cost_claims, "approximation": approximation_claims,
                    "mqar": mqar_claims, "synthetic": synthetic_claims, "lm": lm_claims,
                    "listops": listops_claims, "extrapolation": extrapolation_claims,
-                   "hybrid": hybrid_claims}
+                   "hybrid": hybrid_claims, "frontier": frontier_claims}
 _TEMPLATES = {"cost": COST_CLAIMS, "approximation": APPROX_CLAIMS, "mqar": MQAR_CLAIMS,
               "synthetic": SYN_CLAIMS, "lm": LM_CLAIMS, "listops": LISTOPS_CLAIMS,
-              "extrapolation": EXTRAP_CLAIMS, "hybrid": HYBRID_CLAIMS}
+              "extrapolation": EXTRAP_CLAIMS, "hybrid": HYBRID_CLAIMS,
+              "frontier": FRONTIER_CLAIMS}
 
 
 def _unmeasured(study: str, reason: str) -> list[dict]:
@@ -76,9 +78,10 @@ def study_claims(study: str, result: dict | None) -> list[dict]:
 
 
 def load(results_dir: str, study: str) -> dict | None:
-  """``<results_dir>/<study>/<study>.json`` as a dict, or None when missing; the study's
+  """``<results_dir>/<study>/<study>.json`` (``result_file``: the frontier's is
+  ``mqar_frontier/frontier.json``) as a dict, or None when missing; the study's
   ``COMPANIONS`` files found under ``results_dir`` are added under their names."""
-  path = os.path.join(results_dir, study, f"{study}.json")
+  path = os.path.join(results_dir, result_file(study))
   if not os.path.exists(path):
     return None
   with open(path) as f:

@@ -113,7 +113,14 @@ REPRODUCED, IN_SHAPE, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED = (
     "reproduced", "reproduced in shape", "not reproduced", "inconclusive", "not measured")
 VERDICTS = (REPRODUCED, IN_SHAPE, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED)
 STUDIES = ("cost", "approximation", "mqar", "synthetic", "lm", "listops", "extrapolation",
-           "hybrid")
+           "hybrid", "frontier")
+# A study whose results file is not ``<study>/<study>.json`` under the results folder.
+RESULT_FILES = {"frontier": "mqar_frontier/frontier.json"}
+
+
+def result_file(study: str) -> str:
+  """``study``'s results file relative to the results folder (``mqar/mqar.json``)."""
+  return RESULT_FILES.get(study, os.path.join(study, f"{study}.json"))
 
 # Each study's claims, thresholds, required seeds and budget: committed before the runs they
 # judge (the history shows it), read here rather than written in the code.
