@@ -242,7 +242,9 @@ def apply_rules(rows: list[dict], study: str, result: dict | None,
       row["verdict"] = INCONCLUSIVE
     if rule.get("note"):
       row["reason"] += "; " + rule["note"]
-    if _after_results(result):
+    # A row judged on another results file (a re-run) carries that file's date.
+    own = row.pop("results_date_utc", None)
+    if _after_results({"environment": {"date_utc": own}} if own else result):
       row["reason"] += (f"; rule file written after these results (rules/{study}.json, "
                         f"{RULES_SET[:10]}): a re-grade, not a rule fixed in advance")
     for h in rules.get("history") or []:

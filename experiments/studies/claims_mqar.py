@@ -389,8 +389,15 @@ def _init_rerun_row(rerun: dict) -> dict:
   row = next(r for r in mqar_claims(rerun) if r["claim"] == MQAR_CLAIMS["init"][0])
   row["seeds"] = min((int(r.get("n_seeds", 1)) for r in rerun.get("table") or []), default=1)
   steps = (rerun.get("budget") or {}).get("steps_max")
+  seeds = "; ".join(
+      f"{r['mixer']} T={r['seq_len']}, d={r['d_model']} per seed: " + ", ".join(
+          f"{k.split('@')[0]} {' '.join(f'{a:.3f}' for a in v)}"
+          for k, v in sorted((r.get("init_seed_accuracies") or {}).items()))
+      for r in rerun.get("table") or [])
   row["reason"] = (f"re-run (results/studies/{COMPANIONS['mqar'][INIT_RERUN]}, {steps:,} steps), which "
-                   f"replaces the 1,000-step sweep's points for this claim; {row['reason']}")
+                   f"replaces the 1,000-step sweep's points for this claim ({seeds}); "
+                   f"{row['reason']}")
+  row["results_date_utc"] = (rerun.get("environment") or {}).get("date_utc")
   return row
 
 
