@@ -40,8 +40,8 @@ HELP_ONLY = {
        "runs in tests/test_notebooks.py, into runs/smoke"
        for s in ("cost", "extrapolation", "hybrid", "listops", "lm", "mqar",
                  "selective_copying", "synthetic")},
-    "experiments/studies/study_frontier.py": "trains for minutes; its smoke mode runs in "
-                                             "tests/test_study_frontier.py",
+    "experiments/studies/study_frontier.py": "trains for about a minute at its smoke size; "
+                                             "tests/test_study_frontier.py runs it",
     "experiments/probes/probe_mamba2_induction.py": "trains models (no smoke mode)",
     "experiments/probes/hybrid_diagnosis.py": "trains models (no smoke mode)",
     "experiments/probes/probe_numerics.py": "prints only; measures at T = 800 for minutes",
