@@ -163,17 +163,7 @@ def main() -> int:
   size["steps"] = su.scaled_steps(size["steps"], args)
   seeds = su.parse_seeds(args.seeds)
   steps = size["steps"]
-  flags = (f"--config.data.vocab_size={size['vocab']}", "--config.data.random_non_queries=False",
-           f"--config.data.batch_size={size['batch']}", "--config.model.num_heads=2",
-           "--config.optim.schedule=constant", f"--config.train.steps={steps}",
-           f"--config.optim.warmup_steps={max(steps // 10, 1)}",
-           f"--config.train.eval_every={size['eval_every']}",
-           f"--config.train.log_every={max(steps // 20, 1)}",
-           f"--config.train.eval_batches={size['eval_batches']}",
-           # A checkpoint at every evaluation: a run stopped part-way is scored at its newest.
-           f"--config.train.checkpoint_every={size['eval_every']}",
-           "--config.train.early_stop_metric=accuracy",
-           f"--config.train.early_stop_value={size['early_stop']}")
+  flags = mq.train_flags(size, steps)
   rows = su.train_grid("configs/mqar.py:size=small", points_of(size, seeds),
                        su.runs_dir(args, "mqar_frontier"), args.workers, flags,
                        collect_only=args.collect)

@@ -355,6 +355,22 @@ def sequence_scores(workdir: str, batch_size: int, num_batches: int) -> tuple[li
   return correct, counts
 
 
+def train_flags(size: dict, steps: int) -> tuple[str, ...]:
+  """The trainer flags of every MQAR run of ``size`` (vocabulary, batch, eval cadence, early
+  stop) for ``steps`` steps: constant rate after a 10% warmup, a checkpoint per evaluation."""
+  return (f"--config.data.vocab_size={size['vocab']}", "--config.data.random_non_queries=False",
+          f"--config.data.batch_size={size['batch']}", "--config.model.num_heads=2",
+          "--config.optim.schedule=constant", f"--config.train.steps={steps}",
+          f"--config.optim.warmup_steps={max(steps // 10, 1)}",
+          f"--config.train.eval_every={size['eval_every']}",
+          f"--config.train.log_every={max(steps // 20, 1)}",
+          f"--config.train.eval_batches={size['eval_batches']}",
+          # A checkpoint at every evaluation: a run stopped part-way is scored at its newest.
+          f"--config.train.checkpoint_every={size['eval_every']}",
+          "--config.train.early_stop_metric=accuracy",
+          f"--config.train.early_stop_value={size['early_stop']}")
+
+
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "mqar")
@@ -404,17 +420,7 @@ def main() -> int:
     size["early_stop"] = args.early_stop
   points = points_of(size)
   steps = size["steps"]
-  flags = (f"--config.data.vocab_size={size['vocab']}", "--config.data.random_non_queries=False",
-           f"--config.data.batch_size={size['batch']}", "--config.model.num_heads=2",
-           "--config.optim.schedule=constant", f"--config.train.steps={steps}",
-           f"--config.optim.warmup_steps={max(steps // 10, 1)}",
-           f"--config.train.eval_every={size['eval_every']}",
-           f"--config.train.log_every={max(steps // 20, 1)}",
-           f"--config.train.eval_batches={size['eval_batches']}",
-           # A checkpoint at every evaluation: a run stopped part-way is scored at its newest.
-           f"--config.train.checkpoint_every={size['eval_every']}",
-           "--config.train.early_stop_metric=accuracy",
-           f"--config.train.early_stop_value={size['early_stop']}")
+  flags = train_flags(size, steps)
   grid = lambda pts: su.train_grid("configs/mqar.py:size=small", pts, su.runs_dir(args, "mqar"),
                                    args.workers, flags, collect_only=args.collect)
   first_lr = size["lrs"][0]
