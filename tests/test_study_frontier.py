@@ -125,3 +125,18 @@ def test_table_averages_finished_seeds_and_leaves_a_stopped_one_out():
   assert t16["seconds"] == [12.3, 12.3]
   # A point with only a stopped seed is scored on it (clustered SE: 2 sequences of 8 of 16).
   assert t32["n_seeds"] == 1 and t32["accuracy"] == 0.3 and t32["se_kind"] == "clustered"
+
+
+def test_merge_keeps_the_other_seeds_and_refuses_another_size(tmp_path):
+  size = dict(frontier.FULL)
+  cfg = json.loads(json.dumps({**size, "seeds": [0, 1], "xla_flags": "--flag"}))
+  runs = [{"seed": 0, "workdir": "runs/a", "status": "done"},
+          {"seed": 1, "workdir": "runs/b", "status": "done"}]
+  path = tmp_path / "frontier.json"
+  path.write_text(json.dumps({"config": cfg, "runs": runs}))
+  rows = frontier.merge_rows(str(path), size, seeds=(1, 2))
+  assert [r["seed"] for r in rows] == [0] and rows[0]["merged_from"]["xla_flags"] == "--flag"
+  with pytest.raises(ValueError, match="no runs of seeds other than"):
+    frontier.merge_rows(str(path), size, seeds=(0, 1))
+  with pytest.raises(ValueError, match="steps=1000 here 500"):
+    frontier.merge_rows(str(path), dict(size, steps=500), seeds=(2,))

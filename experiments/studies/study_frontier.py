@@ -41,6 +41,9 @@ between-seed mean and standard error (``study_mqar.seed_summary``).
     python experiments/studies/study_frontier.py --collect --out results/studies/mqar_frontier
     python experiments/studies/study_frontier.py --seeds 0,1,2 --workers 1   # more seeds
     python experiments/studies/study_frontier.py --smoke --workers 1         # tiny, seconds
+    # seeds 1 and 2 here, seed 0 from the committed results:
+    python experiments/studies/study_frontier.py --seeds 1,2 --workers 1 \
+        --merge results/studies/mqar_frontier/frontier.json --out results/studies/mqar_frontier
 
 Writes ``<out>/frontier.json`` (every run with its curves, per-sequence test scores, state
 floats, steps and seconds; the table per (mixer, state value); the budget against the
@@ -49,6 +52,7 @@ papers') and ``<out>/frontier.csv`` (the table), and prints the table.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -143,12 +147,44 @@ def table_of(rows: list[dict], size: dict) -> list[dict]:
   return table
 
 
+# The size keys an earlier result must share with this run to be merged into its table.
+MERGE_KEYS = ("grid", "seq_len", "num_kv_pairs", "d_model", "vocab", "batch", "steps", "lr",
+              "short_conv", "early_stop", "test_queries", "eval_batch_size")
+
+
+def merge_rows(path: str, size: dict, seeds) -> list[dict]:
+  """The runs of ``path`` (an earlier ``frontier.json``) whose seeds are not in ``seeds``,
+  each marked with the file and the XLA flags it was trained under (``merged_from``).
+
+  Raises:
+    ValueError: ``path`` was run at another size (any of :data:`MERGE_KEYS` differs), or
+      holds none of the other seeds.
+  """
+  with open(path) as f:
+    earlier = json.load(f)
+  cfg = earlier["config"]
+  mine = json.loads(json.dumps({k: size[k] for k in MERGE_KEYS}))  # tuples as JSON lists
+  differ = [k for k in MERGE_KEYS if cfg.get(k) != mine[k]]
+  if differ:
+    raise ValueError(f"--merge {path} was run at another size: {', '.join(differ)} differ "
+                     f"({', '.join(f'{k}={cfg.get(k)!r} here {mine[k]!r}' for k in differ)}).")
+  rows = [dict(r, merged_from={"file": su.relative_path(os.path.abspath(path)),
+                               "xla_flags": cfg.get("xla_flags", "")})
+          for r in earlier["runs"] if r.get("seed") not in seeds]
+  if not rows:
+    raise ValueError(f"--merge {path} holds no runs of seeds other than {list(seeds)}.")
+  return rows
+
+
 def main() -> int:
   t0 = time.time()
   p = su.study_args(__doc__, "mqar_frontier")
   su.add_seeds_flag(p)
   p.add_argument("--mixers", help="comma-separated architectures among the size's grid "
                  "(default: all of it)")
+  p.add_argument("--merge", help="an earlier frontier.json of the same size: its runs of the "
+                 "seeds not given to --seeds join this run's in the table (seeds trained on "
+                 "another machine or in another session)")
   args = p.parse_args()
   size = dict(SMOKE if args.smoke else FULL)
   if args.mixers:
@@ -196,12 +232,15 @@ def main() -> int:
              # Training seconds: the trainer's own clock (the last logged record's when stopped).
              seconds=r["metrics"].get("elapsed", curve[-1].get("elapsed")),
              steps_max=steps)
+  merged = merge_rows(args.merge, size, seeds) if args.merge else []
+  rows += merged
   table = table_of(rows, size)
   for r in rows:
     r["workdir"] = su.relative_path(r["workdir"])
   examples = size["batch"] * steps
   done = [r for r in rows if "seconds" in r and r["seconds"] is not None]
-  out = {"study": "frontier", "config": {"smoke": args.smoke, **size, "seeds": list(seeds),
+  all_seeds = sorted(set(seeds) | {r["seed"] for r in merged})
+  out = {"study": "frontier", "config": {"smoke": args.smoke, **size, "seeds": all_seeds,
                                          "workers": args.workers,
                                          "xla_flags": os.environ.get("XLA_FLAGS", "")},
          "elapsed_s": time.time() - t0,
