@@ -15,6 +15,8 @@ model is written back with ``hub.save_pretrained`` (``configs/finetune.py``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import math
 import os
@@ -137,6 +139,29 @@ class TrainWindow:
     self._loss, self._accuracy = [], []
     self.restart_clock()
     return out
+
+
+def return_freed_host_memory() -> bool:
+  """Returns the heap memory this process has freed to the operating system (glibc's
+  ``malloc_trim``); False where the C library has no such call (macOS, musl).
+
+  The parameter initialisation and each compile free hundreds of MB in small blocks that
+  glibc otherwise keeps resident; the trainer calls this after placing the state and after
+  each first compile, so that the step's own buffers do not stack on top of them.
+
+  Examples:
+    >>> isinstance(return_freed_host_memory(), bool)
+    True
+  """
+  name = ctypes.util.find_library("c")
+  try:
+    trim = ctypes.CDLL(name).malloc_trim if name else None
+  except (OSError, AttributeError):
+    trim = None
+  if trim is None:
+    return False
+  trim(0)
+  return True
 
 
 def dispatch_steps(tcfg: Mapping[str, Any]) -> int:
@@ -392,6 +417,7 @@ class _Run:
     self.graphdef, state = nnx.split((model, opt))
     self.state_sh = sharding.state_shardings(state, mesh, bool(self.config.mesh.fsdp))
     self.state = jax.device_put(state, self.state_sh)
+    return_freed_host_memory()  # the initialiser's and the unsplit model's freed buffers
     self.repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     # Per-field shardings need the fields' ranks, so a batch, only when the sequence is
     # sharded (otherwise one row sharding fits every field, and the data stream sees no
@@ -511,6 +537,7 @@ class _Run:
         if kind not in compiled:  # leave compilation out of tokens/s (the loss still counts)
           compiled.add(kind)
           window.drain()
+          return_freed_host_memory()  # the compiler's scratch, before the next step's buffers
           window.restart_clock()
           if len(compiled) == 1:
             progress.restart(done)
