@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
+import functools
 import json
 import math
 import os
@@ -141,6 +141,15 @@ class TrainWindow:
     return out
 
 
+@functools.cache
+def _malloc_trim():
+  """glibc's ``malloc_trim`` from the C library already loaded, or None (macOS, musl)."""
+  try:
+    return ctypes.CDLL(None).malloc_trim
+  except (OSError, AttributeError):
+    return None
+
+
 def return_freed_host_memory() -> bool:
   """Returns the heap memory this process has freed to the operating system (glibc's
   ``malloc_trim``); False where the C library has no such call (macOS, musl).
@@ -153,11 +162,7 @@ def return_freed_host_memory() -> bool:
     >>> isinstance(return_freed_host_memory(), bool)
     True
   """
-  name = ctypes.util.find_library("c")
-  try:
-    trim = ctypes.CDLL(name).malloc_trim if name else None
-  except (OSError, AttributeError):
-    trim = None
+  trim = _malloc_trim()
   if trim is None:
     return False
   trim(0)
